@@ -1,0 +1,113 @@
+"""Forming a batch: a pure function of the pending jobs, the limits and the time.
+
+No I/O and no hidden clock, so it can be tested exhaustively. The worker
+calls ``flush_delay`` to learn when to form a batch and ``form_batch`` to
+form it.
+
+Fairness: groups (model, adapter, task) compete by their most urgent job,
+earliest deadline first. A waiting job's deadline never moves, so every
+group's turn comes: no starvation.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass
+
+from embedder.jobs import EmbedJob
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    max_tokens: int
+    max_requests: int
+    max_wait_s: float
+
+
+class DropReason(enum.StrEnum):
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    batch: tuple[EmbedJob, ...]  # one group, shortest first
+    remaining: tuple[EmbedJob, ...]  # live jobs left for later, in their original order
+    dropped: tuple[tuple[EmbedJob, DropReason], ...]
+
+    @property
+    def tokens(self) -> int:
+        return sum(job.est_tokens for job in self.batch)
+
+
+def urgency(job: EmbedJob) -> tuple[float, int, float, str]:
+    return (job.deadline, job.priority, job.enqueued_at, job.id)
+
+
+def _split_live(
+    pending: Iterable[EmbedJob], now: float, cancelled: Set[str]
+) -> tuple[list[EmbedJob], list[tuple[EmbedJob, DropReason]]]:
+    live: list[EmbedJob] = []
+    dropped: list[tuple[EmbedJob, DropReason]] = []
+    for job in pending:
+        if job.id in cancelled:
+            dropped.append((job, DropReason.CANCELLED))
+        elif job.deadline <= now:
+            dropped.append((job, DropReason.EXPIRED))
+        else:
+            live.append(job)
+    return live, dropped
+
+
+def form_batch(
+    pending: Sequence[EmbedJob],
+    limits: Mapping[str, BatchLimits],
+    now: float,
+    cancelled: Set[str] = frozenset(),
+) -> BatchPlan:
+    """Pick the next batch: the most urgent group, filled in urgency order.
+
+    A job larger than the whole budget still runs, alone, so that it cannot
+    starve; jobs that do not fit are skipped in favour of later ones that do.
+    ``limits`` is keyed by model name.
+    """
+    live, dropped = _split_live(pending, now, cancelled)
+    if not live:
+        return BatchPlan((), (), tuple(dropped))
+    first = min(live, key=urgency)
+    group = first.group
+    limit = limits[first.model]
+    chosen: list[EmbedJob] = []
+    tokens = 0
+    for job in sorted((j for j in live if j.group == group), key=urgency):
+        if len(chosen) >= limit.max_requests:
+            break
+        if chosen and tokens + job.est_tokens > limit.max_tokens:
+            continue
+        chosen.append(job)
+        tokens += job.est_tokens
+    taken = {job.id for job in chosen}
+    remaining = tuple(job for job in live if job.id not in taken)
+    chosen.sort(key=lambda job: (job.est_tokens, job.id))
+    return BatchPlan(tuple(chosen), remaining, tuple(dropped))
+
+
+def flush_delay(pending: Sequence[EmbedJob], limits: Mapping[str, BatchLimits], now: float) -> float:
+    """Seconds until a batch should be formed: 0 when some group is full or has waited
+    its ``max_wait``; ``inf`` when nothing is pending."""
+    tokens: dict[tuple[str, str | None, object], int] = {}
+    counts: dict[tuple[str, str | None, object], int] = {}
+    delay = math.inf
+    for job in pending:
+        limit = limits[job.model]
+        key = job.group
+        tokens[key] = tokens.get(key, 0) + job.est_tokens
+        counts[key] = counts.get(key, 0) + 1
+        if tokens[key] >= limit.max_tokens or counts[key] >= limit.max_requests:
+            return 0.0
+        # A job past its deadline must be dropped promptly, so it also triggers a flush.
+        due = min(job.enqueued_at + limit.max_wait_s, job.deadline)
+        delay = min(delay, max(0.0, due - now))
+    return delay

@@ -1,0 +1,236 @@
+"""Wire formats: decode a raw request body, encode the finished response.
+
+Each API shape (OpenAI, TEI, Cohere/Jina) has one codec. Workers call them,
+so the gateway never parses inputs or serializes vectors.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import msgspec
+import numpy as np
+from numpy.typing import NDArray
+
+from embedder.errors import InvalidRequest, LimitExceeded
+from embedder.jobs import ApiShape
+
+_B = TypeVar("_B")
+TruncationSide = Literal["right", "left"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    max_inputs: int = 2048
+    auto_truncate: bool = False  # what OpenAI-shaped requests, which cannot say, get
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    texts: list[str]
+    normalize: bool | None = None  # None: the model's default
+    truncate: bool = False
+    side: TruncationSide = "right"
+    dimensions: int | None = None
+    encoding: Literal["float", "base64"] = "float"
+
+
+@dataclass(frozen=True, slots=True)
+class RerankRequest:
+    query: str
+    documents: list[str]
+    truncate: bool = False
+    side: TruncationSide = "right"
+    top_n: int | None = None
+    return_documents: bool = False
+    raw_scores: bool = False
+
+
+# Bodies as sent. Unknown fields are ignored, as the reference servers do.
+
+
+class _OpenAIEmbeddings(msgspec.Struct):
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class _TeiEmbed(msgspec.Struct):
+    inputs: str | list[str]
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
+    dimensions: int | None = None
+
+
+class _TeiRerank(msgspec.Struct):
+    query: str
+    texts: list[str]
+    truncate: bool | None = None
+    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
+    raw_scores: bool = False
+    return_text: bool = False
+
+
+class _Document(msgspec.Struct):
+    text: str
+
+
+class _CohereRerank(msgspec.Struct):
+    query: str
+    documents: list[str | _Document]
+    model: str | None = None
+    top_n: int | None = None
+    return_documents: bool = False
+
+
+def _decode(body: bytes, kind: type[_B]) -> _B:
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request body: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+
+
+def _texts(value: str | list[str], field: str, limits: RequestLimits) -> list[str]:
+    texts = [value] if isinstance(value, str) else value
+    if not texts:
+        raise InvalidRequest(f"'{field}' must not be empty")
+    if len(texts) > limits.max_inputs:
+        raise LimitExceeded(
+            f"'{field}' has {len(texts)} items, over the limit of {limits.max_inputs} per "
+            "request: split the request, or raise --max-inputs-per-request "
+            "(FLOTILLA_MAX_INPUTS_PER_REQUEST)"
+        )
+    return texts
+
+
+def _dimensions(value: int | None) -> int | None:
+    if value is not None and value <= 0:
+        raise InvalidRequest(f"'dimensions' must be a positive integer, got {value}")
+    return value
+
+
+def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRequest:
+    if shape is ApiShape.OPENAI_EMBEDDINGS:
+        oa = _decode(body, _OpenAIEmbeddings)
+        return EmbedRequest(
+            texts=_texts(oa.input, "input", limits),
+            truncate=limits.auto_truncate,
+            dimensions=_dimensions(oa.dimensions),
+            encoding=oa.encoding_format,
+        )
+    if shape is ApiShape.TEI_EMBED:
+        tei = _decode(body, _TeiEmbed)
+        return EmbedRequest(
+            texts=_texts(tei.inputs, "inputs", limits),
+            normalize=tei.normalize,
+            truncate=limits.auto_truncate if tei.truncate is None else tei.truncate,
+            side="left" if tei.truncation_direction.lower() == "left" else "right",
+            dimensions=_dimensions(tei.dimensions),
+        )
+    raise InvalidRequest(f"{shape} is not an embedding request")
+
+
+def decode_rerank(shape: ApiShape, body: bytes, limits: RequestLimits) -> RerankRequest:
+    if shape is ApiShape.TEI_RERANK:
+        tei = _decode(body, _TeiRerank)
+        return RerankRequest(
+            query=tei.query,
+            documents=_texts(tei.texts, "texts", limits),
+            truncate=limits.auto_truncate if tei.truncate is None else tei.truncate,
+            side="left" if tei.truncation_direction.lower() == "left" else "right",
+            return_documents=tei.return_text,
+            raw_scores=tei.raw_scores,
+        )
+    if shape is ApiShape.COHERE_RERANK:
+        co = _decode(body, _CohereRerank)
+        docs = [d if isinstance(d, str) else d.text for d in co.documents]
+        if co.top_n is not None and co.top_n <= 0:
+            raise InvalidRequest(f"'top_n' must be a positive integer, got {co.top_n}")
+        return RerankRequest(
+            query=co.query,
+            documents=_texts(docs, "documents", limits),
+            truncate=limits.auto_truncate,
+            top_n=co.top_n,
+            return_documents=co.return_documents,
+        )
+    raise InvalidRequest(f"{shape} is not a rerank request")
+
+
+def shape_vectors(
+    vectors: NDArray[np.float32], request: EmbedRequest, model_normalizes: bool
+) -> NDArray[np.float32]:
+    """Apply Matryoshka truncation and normalization as the request asks."""
+    dim = vectors.shape[1]
+    if request.dimensions is not None:
+        if request.dimensions > dim:
+            raise InvalidRequest(
+                f"'dimensions' is {request.dimensions}, but this model has {dim}: ask for "
+                f"{dim} or fewer"
+            )
+        vectors = vectors[:, : request.dimensions]
+    normalize = model_normalizes if request.normalize is None else request.normalize
+    if normalize:
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        vectors = vectors / np.maximum(norms, 1e-12)
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def encode_embed(
+    shape: ApiShape, request: EmbedRequest, vectors: NDArray[np.float32], model: str, tokens: int
+) -> bytes:
+    if shape is ApiShape.TEI_EMBED:
+        return msgspec.json.encode(vectors.tolist())
+    if request.encoding == "base64":
+        items: list[object] = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+    else:
+        items = vectors.tolist()
+    return msgspec.json.encode(
+        {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)
+            ],
+            "model": model,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+    )
+
+
+def encode_rerank(
+    shape: ApiShape,
+    request: RerankRequest,
+    scores: NDArray[np.float32],
+    model: str,
+    tokens: int,
+    job_id: str,
+) -> bytes:
+    order = np.argsort(-scores, kind="stable")
+    if shape is ApiShape.TEI_RERANK:
+        return msgspec.json.encode(
+            [
+                {"index": int(i), "score": float(scores[i])}
+                | ({"text": request.documents[i]} if request.return_documents else {})
+                for i in order
+            ]
+        )
+    if request.top_n is not None:
+        order = order[: request.top_n]
+    return msgspec.json.encode(
+        {
+            "id": job_id,
+            "model": model,
+            "results": [
+                {"index": int(i), "relevance_score": float(scores[i])}
+                | ({"document": {"text": request.documents[i]}} if request.return_documents else {})
+                for i in order
+            ],
+            "usage": {"total_tokens": tokens},
+        }
+    )

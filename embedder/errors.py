@@ -1,0 +1,85 @@
+"""Classified errors: each knows its HTTP status and whether a retry can help.
+
+One exception handler in the gateway maps them; the worker delivers them to
+every request of a failed batch.
+"""
+
+from __future__ import annotations
+
+
+class FlotillaError(Exception):
+    """Base class. ``http_status`` and ``retriable`` drive the handler and retries."""
+
+    http_status = 500
+    retriable = False
+    code = "internal_error"
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+
+class InvalidRequest(FlotillaError):
+    http_status = 422
+    code = "invalid_request"
+
+
+class LimitExceeded(FlotillaError):
+    """A request over a configured limit; the message names the limit and its setting."""
+
+    http_status = 413
+    code = "limit_exceeded"
+
+
+class Unauthorized(FlotillaError):
+    http_status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class ModelNotFound(FlotillaError):
+    http_status = 404
+    code = "model_not_found"
+
+
+class TaskNotSupported(FlotillaError):
+    http_status = 400
+    code = "task_not_supported"
+
+
+class Overloaded(FlotillaError):
+    """Admission refused: too many tokens in flight for this model."""
+
+    http_status = 429
+    retriable = True
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
+class NotReady(FlotillaError):
+    http_status = 503
+    retriable = True
+    code = "not_ready"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class DeadlineExceeded(FlotillaError):
+    http_status = 504
+    retriable = True
+    code = "deadline_exceeded"
+
+
+class InferenceFailed(FlotillaError):
+    """The model raised while running a batch; every job of that batch gets it."""
+
+    http_status = 500
+    retriable = True
+    code = "inference_failed"

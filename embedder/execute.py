@@ -1,0 +1,133 @@
+"""Running one formed batch: decode each job, tokenize, one forward, encode replies.
+
+This is the blocking part of the worker loop; it runs in the device's
+executor thread. A job with bad input fails alone; a failure of the forward
+pass fails every job of the batch with the same error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from embedder.batching import BatchLimits
+from embedder.codecs import (
+    EmbedRequest,
+    RequestLimits,
+    RerankRequest,
+    decode_embed,
+    decode_rerank,
+    encode_embed,
+    encode_rerank,
+    shape_vectors,
+)
+from embedder.errors import FlotillaError, InferenceFailed, LimitExceeded
+from embedder.fleet import ModelSpec
+from embedder.jobs import EmbedJob, JobResult, Task, Timings
+from embedder.runtimes import Encoded, Runtime
+from embedder.workqueue import Outcome
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    spec: ModelSpec
+    runtime: Runtime
+    limits: BatchLimits
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReport:
+    outcomes: list[tuple[EmbedJob, Outcome]]
+    tokens: int
+    inference_s: float
+
+
+def _check_lengths(encoded: Encoded, truncate: bool, max_tokens: int, field: str) -> None:
+    if truncate:
+        return
+    for i, n in enumerate(encoded.full_lengths):
+        if n > max_tokens:
+            raise LimitExceeded(
+                f"{field} {i} has {n} tokens, over this model's limit of {max_tokens}: shorten "
+                "it, send \"truncate\": true (TEI routes), or start the server with "
+                "--auto-truncate (FLOTILLA_AUTO_TRUNCATE)"
+            )
+
+
+def _prepare(
+    job: EmbedJob, model: LoadedModel, limits: RequestLimits
+) -> tuple[EmbedRequest | RerankRequest, Encoded]:
+    runtime = model.runtime
+    max_tokens = runtime.info.max_tokens
+    if job.task is Task.EMBED:
+        request = decode_embed(job.shape, job.body, limits)
+        encoded = runtime.tokenize(request.texts, request.side)
+        _check_lengths(encoded, request.truncate, max_tokens, "input")
+        return request, encoded
+    rerank = decode_rerank(job.shape, job.body, limits)
+    if runtime.info.kind == "cross-encoder":
+        encoded = runtime.tokenize_pairs(rerank.query, rerank.documents, rerank.side)
+    else:  # a bi-encoder reranks by cosine: the query is the first input
+        encoded = runtime.tokenize([rerank.query, *rerank.documents], rerank.side)
+    _check_lengths(encoded, rerank.truncate, max_tokens, "document")
+    return rerank, encoded
+
+
+def _scores(model: LoadedModel, out: NDArray[np.float32], request: RerankRequest) -> NDArray[np.float32]:
+    if model.runtime.info.kind == "cross-encoder":
+        return out if request.raw_scores else (1.0 / (1.0 + np.exp(-out))).astype(np.float32)
+    unit = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+    return (unit[1:] @ unit[0]).astype(np.float32)
+
+
+def run_batch(
+    batch: Sequence[EmbedJob], model: LoadedModel, limits: RequestLimits, now: float
+) -> BatchReport:
+    outcomes: list[tuple[EmbedJob, Outcome]] = []
+    prepared: list[tuple[EmbedJob, EmbedRequest | RerankRequest, Encoded]] = []
+    for job in batch:
+        try:
+            request, encoded = _prepare(job, model, limits)
+        except FlotillaError as exc:
+            outcomes.append((job, exc))
+        else:
+            prepared.append((job, request, encoded))
+    if not prepared:
+        return BatchReport(outcomes, 0, 0.0)
+
+    merged = Encoded.concat([encoded for _, _, encoded in prepared])
+    start = time.perf_counter()
+    try:
+        out = model.runtime.forward(merged)
+    except Exception as exc:  # any model failure reaches every waiting request
+        log.exception("batch of %d jobs failed on %s", len(prepared), model.spec.name)
+        error = InferenceFailed(f"model {model.spec.name!r} failed on this batch: {exc!r}")
+        return BatchReport(outcomes + [(job, error) for job, _, _ in prepared], 0, 0.0)
+    inference_s = time.perf_counter() - start
+
+    offset = 0
+    for job, request, encoded in prepared:
+        rows = out[offset : offset + len(encoded)]
+        offset += len(encoded)
+        timings = Timings(queue_s=max(0.0, now - job.enqueued_at), inference_s=inference_s)
+        try:
+            if isinstance(request, EmbedRequest):
+                vectors = shape_vectors(rows, request, model.spec.normalize)
+                body = encode_embed(job.shape, request, vectors, model.spec.name, encoded.tokens)
+            else:
+                scores = _scores(model, rows, request)
+                body = encode_rerank(
+                    job.shape, request, scores, model.spec.name, encoded.tokens, job.id
+                )
+        except FlotillaError as exc:
+            outcomes.append((job, exc))
+            continue
+        outcomes.append((job, JobResult(body=body, prompt_tokens=encoded.tokens, timings=timings)))
+    return BatchReport(outcomes, merged.tokens, inference_s)

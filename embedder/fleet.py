@@ -1,0 +1,172 @@
+"""The fleet file: which models a deployment serves and how each is tuned.
+
+A YAML file maps a model name to where its weights live, what task it does
+and one profile per device kind. Loading it never imports torch, so the
+gateway can read the fleet to validate model names and limits.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from embedder.errors import FlotillaError, ModelNotFound
+from embedder.jobs import Task
+
+DeviceKind = Literal["cpu", "cuda"]
+
+
+class FleetError(FlotillaError):
+    """The fleet file is missing, malformed or names weights that are not there."""
+
+    code = "fleet_error"
+
+
+class Source(BaseModel):
+    """Where the weights live: a local folder, or an installed package that carries them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: Path | None = None
+    package: str | None = Field(
+        default=None,
+        description="An importable package with get_model_path() or a model/ folder beside it.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Source:
+        if (self.path is None) == (self.package is None):
+            raise ValueError("a source needs exactly one of 'path' or 'package'")
+        return self
+
+    def resolve(self) -> Path:
+        """The local folder holding the model; raises FleetError if it is not there."""
+        if self.path is not None:
+            folder = self.path.expanduser()
+        else:
+            assert self.package is not None
+            try:
+                module = importlib.import_module(self.package)
+            except ImportError as exc:
+                raise FleetError(
+                    f"package {self.package!r} is not installed: pip install "
+                    f"{self.package.replace('_', '-')}"
+                ) from exc
+            getter = getattr(module, "get_model_path", None)
+            if callable(getter):
+                folder = Path(getter())
+            else:
+                folder = Path(str(module.__file__)).parent / "model"
+        if not folder.is_dir():
+            raise FleetError(f"model folder {folder} does not exist")
+        return folder
+
+
+class Profile(BaseModel):
+    """How one model runs on one kind of device: the knobs the tuner sets."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    runtime: str = Field(default="torch", description="Key into the runtime registry.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="'auto' measures fp32 against bf16 at load and keeps the faster one "
+        "whose vectors stay within cosine 0.999 of fp32.",
+    )
+    max_batch_tokens: int = Field(
+        default=8192, gt=0, description="Estimated tokens the worker takes per batch."
+    )
+    max_batch_requests: int = Field(default=64, gt=0, description="Requests per batch at most.")
+    max_wait_ms: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a partial batch waits for company: latency against throughput.",
+    )
+    forward_tokens: int = Field(
+        default=2048,
+        gt=0,
+        description="Padded tokens per forward pass; small on CPU (cache), large on GPU.",
+    )
+    forward_max_sequences: int = Field(default=64, gt=0, description="Sequences per forward pass.")
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    source: Source
+    task: Task = Task.EMBED
+    pooling: Literal["model", "mean", "cls", "last"] = Field(
+        default="model", description="'model' keeps the pooling the model folder configures."
+    )
+    normalize: bool = True
+    max_tokens: int = Field(default=512, gt=0, description="Longest input, in model tokens.")
+    aliases: tuple[str, ...] = ()
+    profiles: dict[DeviceKind, Profile] = Field(default_factory=dict)
+
+    def profile(self, device: DeviceKind) -> Profile:
+        return self.profiles.get(device) or self.profiles.get("cpu") or Profile()
+
+
+class Fleet(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    models: dict[str, ModelSpec]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _names_from_keys(cls, data: object) -> object:
+        if isinstance(data, dict) and isinstance(data.get("models"), dict):
+            data = dict(data)
+            data["models"] = {
+                name: {"name": name, **spec} if isinstance(spec, dict) else spec
+                for name, spec in data["models"].items()
+            }
+        return data
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Fleet:
+        seen: dict[str, str] = {}
+        for spec in self.models.values():
+            for name in (spec.name, *spec.aliases):
+                if name in seen:
+                    raise ValueError(f"name {name!r} used by {seen[name]!r} and {spec.name!r}")
+                seen[name] = spec.name
+        return self
+
+    def get(self, name: str) -> ModelSpec:
+        """The spec for a model name or alias; ModelNotFound lists what exists."""
+        spec = self.models.get(name)
+        if spec is not None:
+            return spec
+        for candidate in self.models.values():
+            if name in candidate.aliases:
+                return candidate
+        raise ModelNotFound(
+            f"model {name!r} is not in the fleet; available: {', '.join(sorted(self.models))}"
+        )
+
+    @property
+    def default_model(self) -> str:
+        return next(iter(self.models))
+
+
+DEFAULT_FLEET = Path(__file__).resolve().parent.parent / "flotilla" / "fleet.yaml"
+
+
+def load_fleet(path: Path | None = None) -> Fleet:
+    path = path or DEFAULT_FLEET
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise FleetError(f"cannot read fleet file {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise FleetError(f"fleet file {path} is not valid YAML: {exc}") from exc
+    try:
+        return Fleet.model_validate(raw)
+    except ValidationError as exc:
+        raise FleetError(f"fleet file {path} is invalid:\n{exc}") from exc

@@ -1,0 +1,106 @@
+"""Loads the fleet onto this machine's device and runs its worker.
+
+Models load in a thread after start-up so the HTTP side answers probes (and
+503s) at once; the worker starts pulling when loading is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import asdict
+from types import TracebackType
+from typing import Literal
+
+from embedder.batching import BatchLimits
+from embedder.codecs import RequestLimits
+from embedder.execute import LoadedModel
+from embedder.fleet import DeviceKind, Fleet
+from embedder.runtimes import detect_device, load_runtime
+from embedder.worker import Worker
+from embedder.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+class ModelHost:
+    def __init__(
+        self,
+        fleet: Fleet,
+        queue: WorkQueue,
+        request_limits: RequestLimits,
+        *,
+        device: Literal["auto", "cpu", "cuda"] = "auto",
+        threads: int = 0,
+    ) -> None:
+        self.fleet = fleet
+        self.queue = queue
+        self.request_limits = request_limits
+        self.device = device
+        self.threads = threads
+        self.loaded: dict[str, LoadedModel] = {}
+        self.failed: dict[str, str] = {}
+        self.worker: Worker | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    # ModelStates, read by the gateway
+    def state(self, model: str) -> Literal["loading", "ready", "failed"]:
+        if model in self.failed:
+            return "failed"
+        return "ready" if self.worker is not None and model in self.loaded else "loading"
+
+    def describe(self, model: str) -> dict[str, object]:
+        if model in self.loaded:
+            return asdict(self.loaded[model].runtime.info)
+        if model in self.failed:
+            return {"error": self.failed[model]}
+        return {}
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._load_and_run(), name="model-host")
+
+    async def wait_ready(self) -> None:
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+        if self.worker is not None:
+            await self.worker.stop()
+            self.worker = None
+
+    async def __aenter__(self) -> ModelHost:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def _load_and_run(self) -> None:
+        device: DeviceKind = (
+            await asyncio.to_thread(detect_device) if self.device == "auto" else self.device
+        )
+        for name, spec in self.fleet.models.items():
+            try:
+                runtime = await asyncio.to_thread(load_runtime, spec, device, self.threads)
+            except Exception as exc:  # one bad model must not take the fleet down
+                log.exception("model %s failed to load", name)
+                self.failed[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            profile = spec.profile(device)
+            limits = BatchLimits(
+                max_tokens=profile.max_batch_tokens,
+                max_requests=profile.max_batch_requests,
+                max_wait_s=profile.max_wait_ms / 1e3,
+            )
+            self.loaded[name] = LoadedModel(spec, runtime, limits)
+            log.info("loaded %s on %s: %s", name, device, runtime.info)
+        if self.loaded:
+            worker = Worker(self.queue, self.loaded, self.request_limits)
+            await worker.start()
+            self.worker = worker

@@ -1,0 +1,79 @@
+"""Messages between the gateway, the work queue and the workers.
+
+A job carries the raw request body, unparsed: the gateway only annotates it
+(model, adapter, task, estimated tokens, deadline) and the worker decodes it.
+The reply is the finished response body, so the gateway never touches
+vectors either.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Task(enum.StrEnum):
+    EMBED = "embed"
+    RERANK = "rerank"
+
+
+class ApiShape(enum.StrEnum):
+    """The wire format of a request body; picks the codec that decodes and encodes it."""
+
+    OPENAI_EMBEDDINGS = "openai_embeddings"
+    TEI_EMBED = "tei_embed"
+    TEI_RERANK = "tei_rerank"
+    COHERE_RERANK = "cohere_rerank"
+
+
+TASK_OF_SHAPE: dict[ApiShape, Task] = {
+    ApiShape.OPENAI_EMBEDDINGS: Task.EMBED,
+    ApiShape.TEI_EMBED: Task.EMBED,
+    ApiShape.TEI_RERANK: Task.RERANK,
+    ApiShape.COHERE_RERANK: Task.RERANK,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedJob:
+    """One annotated request waiting in the work queue.
+
+    Times are wall-clock seconds (``time.time()``) so that they stay
+    meaningful when the queue spans machines.
+    """
+
+    id: str
+    model: str
+    shape: ApiShape
+    body: bytes
+    est_tokens: int
+    deadline: float
+    enqueued_at: float
+    adapter: str | None = None
+    priority: int = 0  # lower runs first among jobs with the same deadline
+
+    @property
+    def task(self) -> Task:
+        return TASK_OF_SHAPE[self.shape]
+
+    @property
+    def group(self) -> tuple[str, str | None, Task]:
+        """Jobs of one group can share a forward pass."""
+        return (self.model, self.adapter, self.task)
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    queue_s: float
+    inference_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobResult:
+    """A finished response: the encoded body plus what the gateway puts in headers."""
+
+    body: bytes
+    prompt_tokens: int
+    timings: Timings
+    media_type: str = "application/json"
+    extra_headers: dict[str, str] = field(default_factory=dict)

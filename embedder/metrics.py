@@ -1,0 +1,23 @@
+"""Worker-side Prometheus metrics (the gateway exposes them on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+BATCH_TOKENS = Histogram(
+    "flotilla_batch_tokens", "Real tokens per executed batch.", ["model"], buckets=TOKEN_BUCKETS
+)
+BATCH_REQUESTS = Histogram(
+    "flotilla_batch_requests",
+    "Requests per executed batch.",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+)
+INFERENCE_SECONDS = Histogram(
+    "flotilla_inference_seconds", "Forward time per batch.", ["model"], buckets=SECONDS_BUCKETS
+)
+TOKENS = Counter("flotilla_tokens", "Tokens embedded or scored (rate() gives tok/s).", ["model"])
+JOBS = Counter("flotilla_jobs", "Jobs finished by the worker, by outcome.", ["model", "outcome"])

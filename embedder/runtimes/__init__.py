@@ -1,0 +1,94 @@
+"""Runtimes run one model on one device. The protocol and registry are torch-free;
+a runtime's module is imported only when a model that names it is loaded."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from embedder.fleet import DeviceKind, ModelSpec
+
+TruncationSide = Literal["right", "left"]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """Tokenized inputs: ids cut to the model's limit, and each input's full length."""
+
+    ids: list[list[int]]
+    type_ids: list[list[int]] | None
+    full_lengths: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(ids) for ids in self.ids)
+
+    @staticmethod
+    def concat(parts: Sequence[Encoded]) -> Encoded:
+        with_types = all(p.type_ids is not None for p in parts)
+        return Encoded(
+            ids=[ids for p in parts for ids in p.ids],
+            type_ids=[t for p in parts for t in (p.type_ids or [])] if with_types else None,
+            full_lengths=[n for p in parts for n in p.full_lengths],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeInfo:
+    kind: Literal["bi-encoder", "cross-encoder"]
+    device: str
+    dtype: str
+    dimension: int | None  # None for cross-encoders
+    max_tokens: int
+
+
+class Runtime(Protocol):
+    info: RuntimeInfo
+
+    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
+        """Bi-encoders: one text per input."""
+        ...
+
+    def tokenize_pairs(self, query: str, docs: Sequence[str], side: TruncationSide) -> Encoded:
+        """Cross-encoders: (query, doc) pairs; truncation cuts the document."""
+        ...
+
+    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
+        """(n, dim) pooled, unnormalized vectors, or (n,) raw scores for cross-encoders."""
+        ...
+
+
+RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]
+
+# name -> "module:function"; imported lazily so the registry itself stays torch-free.
+RUNTIMES: dict[str, str] = {
+    "torch": "embedder.runtimes.torch_st:load",
+}
+
+
+def load_runtime(spec: ModelSpec, device: DeviceKind, threads: int) -> Runtime:
+    name = spec.profile(device).runtime
+    try:
+        target = RUNTIMES[name]
+    except KeyError:
+        raise ValueError(
+            f"model {spec.name!r} names runtime {name!r}; known runtimes: {', '.join(RUNTIMES)}"
+        ) from None
+    module_name, _, attr = target.partition(":")
+    factory: RuntimeFactory = getattr(importlib.import_module(module_name), attr)
+    return factory(spec, device, threads)
+
+
+def detect_device() -> DeviceKind:
+    """CUDA when torch sees a GPU; imports torch, so only workers call it."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,275 @@
+"""The torch runtime: sentence-transformers' real loading code, our own batching.
+
+Inputs arrive tokenized; ``forward`` sorts them by length and runs passes of
+at most ``forward_tokens`` padded tokens, so mixed lengths waste little
+compute on padding. On CUDA it runs in bf16 and, when flash-attn is
+installed, with unpadded (varlen) attention; on CPU ``dtype: auto`` measures
+fp32 against bf16 at load and keeps the faster one that stays accurate.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from embedder.fleet import DeviceKind, ModelSpec
+from embedder.jobs import Task
+from embedder.runtimes import Encoded, RuntimeInfo, TruncationSide
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+POOLING_MODES = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
+MIN_COSINE = 0.999  # a reduced-precision choice must keep vectors this close to fp32
+CALIBRATION_TEXT = (
+    "The quick brown fox jumps over the lazy dog while the committee reviews the annual "
+    "budget. Researchers measured how quickly small language models answer questions about "
+    "tax law, shipping schedules and the weather in coastal towns. "
+)
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int, max_sequences: int) -> list[list[int]]:
+    """Indices grouped into forward passes, shortest first; each pass holds at most
+    ``max_tokens`` padded tokens (a single longer input still gets its own pass)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    passes: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Sorted ascending, so lengths[i] is the padded width if i joins this pass.
+        if current and (
+            (len(current) + 1) * lengths[i] > max_tokens or len(current) >= max_sequences
+        ):
+            passes.append(current)
+            current = []
+        current.append(i)
+    if current:
+        passes.append(current)
+    return passes
+
+
+def cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class TorchRuntime:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        module: torch.nn.Module,
+        tokenizer: object,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        cross: bool,
+        dimension: int | None,
+        max_tokens: int,
+    ) -> None:
+        self.spec = spec
+        self.module = module
+        self.tokenizer = tokenizer
+        self.device = device
+        self.dtype = dtype
+        self.cross = cross
+        self.pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
+        profile = spec.profile("cuda" if device.type == "cuda" else "cpu")
+        self.forward_tokens = profile.forward_tokens
+        self.forward_max_sequences = profile.forward_max_sequences
+        self.info = RuntimeInfo(
+            kind="cross-encoder" if cross else "bi-encoder",
+            device=str(device),
+            dtype=str(dtype).removeprefix("torch."),
+            dimension=dimension,
+            max_tokens=max_tokens,
+        )
+
+    # -- tokenizing -------------------------------------------------------
+
+    def _encode(self, first: list[str], second: list[str] | None, side: TruncationSide) -> Encoded:
+        tok = self.tokenizer
+        full = tok(  # type: ignore[operator]
+            first, second, add_special_tokens=True, truncation=False, verbose=False
+        )
+        ids: list[list[int]] = full["input_ids"]
+        types: list[list[int]] | None = full.get("token_type_ids")
+        lengths = [len(x) for x in ids]
+        limit = self.info.max_tokens
+        over = [i for i, n in enumerate(lengths) if n > limit]
+        if over:
+            tok.truncation_side = side  # type: ignore[attr-defined]
+            cut = tok(  # type: ignore[operator]
+                [first[i] for i in over],
+                [second[i] for i in over] if second is not None else None,
+                add_special_tokens=True,
+                truncation="only_second" if second is not None else True,
+                max_length=limit,
+            )
+            for j, i in enumerate(over):
+                ids[i] = cut["input_ids"][j]
+                if types is not None:
+                    types[i] = cut["token_type_ids"][j]
+        return Encoded(ids=ids, type_ids=types, full_lengths=lengths)
+
+    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
+        return self._encode(list(texts), None, side)
+
+    def tokenize_pairs(self, query: str, docs: Sequence[str], side: TruncationSide) -> Encoded:
+        return self._encode([query] * len(docs), list(docs), side)
+
+    # -- running ----------------------------------------------------------
+
+    def _tensors(self, encoded: Encoded, rows: list[int]) -> dict[str, torch.Tensor]:
+        width = max(len(encoded.ids[i]) for i in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        types = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, i in enumerate(rows):
+            n = len(encoded.ids[i])
+            ids[r, :n] = torch.tensor(encoded.ids[i])
+            mask[r, :n] = 1
+            if encoded.type_ids is not None:
+                types[r, :n] = torch.tensor(encoded.type_ids[i])
+        return {
+            "input_ids": ids.to(self.device),
+            "attention_mask": mask.to(self.device),
+            "token_type_ids": types.to(self.device),
+        }
+
+    def _run(self, features: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.cross:
+            logits: torch.Tensor = self.module(**features).logits
+            return logits[:, 0] if logits.shape[-1] == 1 else logits.max(dim=-1).values
+        out: torch.Tensor = self.module(features)["sentence_embedding"]
+        return out
+
+    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
+        lengths = [len(x) for x in encoded.ids]
+        passes = micro_batches(lengths, self.forward_tokens, self.forward_max_sequences)
+        result: NDArray[np.float32] | None = None
+        with torch.inference_mode():
+            for rows in passes:
+                out = self._run(self._tensors(encoded, rows)).float().cpu().numpy()
+                if result is None:
+                    result = np.empty((len(encoded), *out.shape[1:]), dtype=np.float32)
+                result[rows] = out
+        assert result is not None, "forward needs at least one input"
+        return result
+
+
+def _bi_encoder(spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]) -> tuple[
+    torch.nn.Module, object, int, int
+]:
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize, Pooling
+
+    st = SentenceTransformer(
+        str(spec.source.resolve()), device=str(device), model_kwargs=model_kwargs
+    )
+    modules = list(st)
+    # Normalization is applied per request (TEI's `normalize`), so drop the model's own.
+    while modules and isinstance(modules[-1], Normalize):
+        modules.pop()
+    dimension = int(st.get_embedding_dimension() or 0)
+    if spec.pooling != "model":
+        index = next(i for i, m in enumerate(modules) if isinstance(m, Pooling))
+        modules[index] = Pooling(dimension, pooling_mode=POOLING_MODES[spec.pooling])
+    module = torch.nn.Sequential(*modules).to(device).eval()
+    max_tokens = min(spec.max_tokens, int(st.max_seq_length or spec.max_tokens))
+    return module, st.tokenizer, dimension, max_tokens
+
+
+def _cross_encoder(spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]) -> tuple[
+    torch.nn.Module, object, int
+]:
+    from sentence_transformers import CrossEncoder
+
+    ce = CrossEncoder(str(spec.source.resolve()), device=str(device), model_kwargs=model_kwargs)
+    model = ce.model.to(device).eval()
+    max_tokens = min(spec.max_tokens, int(ce.max_length or spec.max_tokens))
+    return model, ce.tokenizer, max_tokens
+
+
+def _choose_cpu_dtype(runtime: TorchRuntime) -> torch.dtype:
+    """Time fp32 and bf16 on the same mixed-length texts; keep bf16 only when it is
+    faster and its outputs stay within MIN_COSINE of fp32."""
+    if not cpu_has_bf16():
+        return torch.float32
+    words = CALIBRATION_TEXT.split()
+    texts = [" ".join(words[: 4 + (i * 7) % len(words)]) for i in range(48)]
+    if runtime.cross:
+        encoded = runtime.tokenize_pairs(texts[0], texts, "right")
+    else:
+        encoded = runtime.tokenize(texts, "right")
+
+    def timed() -> tuple[float, NDArray[np.float32]]:
+        runtime.forward(encoded)  # warm up kernels for these shapes
+        start = time.perf_counter()
+        out = runtime.forward(encoded)
+        return time.perf_counter() - start, out
+
+    fp32_s, fp32_out = timed()
+    fp32_module = runtime.module
+    runtime.module = copy.deepcopy(fp32_module).to(torch.bfloat16)
+    bf16_s, bf16_out = timed()
+    if runtime.cross:
+        ok = bool(np.allclose(bf16_out, fp32_out, atol=0.05 * (np.abs(fp32_out).max() + 1e-6)))
+        cosine = float("nan")
+    else:
+        a = fp32_out / np.linalg.norm(fp32_out, axis=1, keepdims=True)
+        b = bf16_out / np.linalg.norm(bf16_out, axis=1, keepdims=True)
+        cosine = float((a * b).sum(axis=1).min())
+        ok = cosine >= MIN_COSINE
+    choice = torch.bfloat16 if ok and bf16_s < fp32_s * 0.9 else torch.float32
+    log.info(
+        "%s: fp32 %.1f ms, bf16 %.1f ms (worst cosine %.5f) -> %s",
+        runtime.spec.name, fp32_s * 1e3, bf16_s * 1e3, cosine, choice,
+    )
+    runtime.module = runtime.module if choice is torch.bfloat16 else fp32_module
+    return choice
+
+
+def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
+    if device_kind == "cpu" and threads > 0:
+        torch.set_num_threads(threads)
+    device = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    wanted = spec.profile(device_kind).dtype
+    model_kwargs: dict[str, object] = {}
+    if device.type == "cuda":
+        model_kwargs["dtype"] = DTYPES["bfloat16" if wanted == "auto" else wanted]
+        if importlib.util.find_spec("flash_attn") is not None:
+            model_kwargs["attn_implementation"] = "flash_attention_2"
+        else:
+            model_kwargs["attn_implementation"] = "sdpa"
+    cross = spec.task is Task.RERANK
+    if cross:
+        module, tokenizer, max_tokens = _cross_encoder(spec, device, model_kwargs)
+        dimension = None
+    else:
+        module, tokenizer, dimension, max_tokens = _bi_encoder(spec, device, model_kwargs)
+    start_dtype = next(module.parameters()).dtype
+    runtime = TorchRuntime(
+        spec, module, tokenizer, device=device, dtype=start_dtype, cross=cross,
+        dimension=dimension, max_tokens=max_tokens,
+    )
+    if device.type == "cpu":
+        dtype = _choose_cpu_dtype(runtime) if wanted == "auto" else DTYPES[wanted]
+        runtime.module = runtime.module.to(dtype)
+        runtime.dtype = dtype
+        runtime.info = RuntimeInfo(
+            kind=runtime.info.kind, device="cpu", dtype=str(dtype).removeprefix("torch."),
+            dimension=dimension, max_tokens=max_tokens,
+        )
+    return runtime

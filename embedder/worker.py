@@ -1,0 +1,153 @@
+"""The worker: pulls jobs when it has room, forms its own batches, runs them.
+
+One worker per device, serving every model packed on that device. Two tasks:
+the *former* pulls from the shared queue and forms the next batch while the
+*runner* executes the current one, so one batch is in flight and one is
+prefetched. The forward pass runs in a single-thread executor: the event
+loop never blocks and the device is never shared between two batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+
+from embedder import metrics
+from embedder.batching import DropReason, flush_delay, form_batch
+from embedder.codecs import RequestLimits
+from embedder.errors import DeadlineExceeded, FlotillaError, InferenceFailed
+from embedder.execute import BatchReport, LoadedModel, run_batch
+from embedder.jobs import EmbedJob
+from embedder.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.25  # how often an idle worker rechecks for stop
+
+
+class Worker:
+    def __init__(
+        self,
+        queue: WorkQueue,
+        models: Mapping[str, LoadedModel],
+        request_limits: RequestLimits,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.queue = queue
+        self.models = dict(models)
+        self.request_limits = request_limits
+        self.clock = clock
+        self.limits = {name: m.limits for name, m in self.models.items()}
+        # Room for one batch being formed beside one waiting: the biggest budget, twice.
+        self.capacity_tokens = 2 * max(m.limits.max_tokens for m in self.models.values())
+        self._ready: asyncio.Queue[tuple[EmbedJob, ...]] = asyncio.Queue(maxsize=1)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-device")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending: list[EmbedJob] = []
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        self._tasks = [
+            asyncio.create_task(self._form_loop(), name="worker-former"),
+            asyncio.create_task(self._run_loop(), name="worker-runner"),
+        ]
+        for task in self._tasks:
+            task.add_done_callback(self._crashed)
+
+    async def stop(self) -> None:
+        """Stop pulling; fail whatever was pulled but not run, so nothing hangs."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        leftovers = list(self._pending)
+        while not self._ready.empty():
+            leftovers.extend(self._ready.get_nowait())
+        self._pending = []
+        for job in leftovers:
+            await self.queue.complete(job.id, DeadlineExceeded("the worker stopped before this job ran"))
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def __aenter__(self) -> Worker:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    @staticmethod
+    def _crashed(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker task %s died", task.get_name(), exc_info=task.exception())
+
+    # -- forming ----------------------------------------------------------
+
+    async def _form_loop(self) -> None:
+        models = list(self.models)
+        while True:
+            now = self.clock()
+            delay = flush_delay(self._pending, self.limits, now)
+            room = self.capacity_tokens - sum(job.est_tokens for job in self._pending)
+            if delay > 0 and room > 0:
+                pulled = await self.queue.pull(models, room, min(delay, IDLE_POLL_S))
+                self._pending.extend(pulled)
+                continue
+            plan = form_batch(
+                self._pending,
+                self.limits,
+                now,
+                self.queue.cancelled(job.id for job in self._pending),
+            )
+            self._pending = list(plan.remaining)
+            for job, reason in plan.dropped:
+                metrics.JOBS.labels(job.model, reason.value).inc()
+                if reason is DropReason.EXPIRED:
+                    await self.queue.complete(
+                        job.id, DeadlineExceeded("the request's deadline passed while it waited")
+                    )
+            if plan.batch:
+                await self._ready.put(plan.batch)
+
+    # -- running ----------------------------------------------------------
+
+    async def _run_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._ready.get()
+            withdrawn = self.queue.cancelled(job.id for job in batch)
+            batch = tuple(job for job in batch if job.id not in withdrawn)
+            if not batch:
+                continue
+            model = self.models[batch[0].model]
+            try:
+                report = await loop.run_in_executor(
+                    self._executor, run_batch, batch, model, self.request_limits, self.clock()
+                )
+            except Exception as exc:  # run_batch classifies model errors; this is a bug
+                log.exception("batch on %s crashed", model.spec.name)
+                error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
+                report = BatchReport([(job, error) for job in batch], 0, 0.0)
+            await self._deliver(model, report)
+
+    async def _deliver(self, model: LoadedModel, report: BatchReport) -> None:
+        name = model.spec.name
+        if report.tokens:
+            metrics.BATCH_TOKENS.labels(name).observe(report.tokens)
+            metrics.BATCH_REQUESTS.labels(name).observe(len(report.outcomes))
+            metrics.INFERENCE_SECONDS.labels(name).observe(report.inference_s)
+            metrics.TOKENS.labels(name).inc(report.tokens)
+        for job, outcome in report.outcomes:
+            outcome_label = type(outcome).__name__ if isinstance(outcome, FlotillaError) else "ok"
+            metrics.JOBS.labels(name, outcome_label).inc()
+            await self.queue.complete(job.id, outcome)

@@ -1,0 +1,125 @@
+"""The shared queue between gateways and workers.
+
+Gateways ``put`` annotated jobs and await the returned future; workers
+``pull`` up to a token budget when they have capacity and ``complete`` each
+job with its result or error. Nothing pushes work at a worker. The
+in-process queue serves one machine; a Kafka queue spans many behind the
+same protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections import Counter
+from collections.abc import Collection, Iterable
+from typing import Protocol
+
+from embedder.batching import urgency
+from embedder.errors import FlotillaError
+from embedder.jobs import EmbedJob, JobResult
+
+Outcome = JobResult | FlotillaError
+
+
+class WorkQueue(Protocol):
+    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+        """Enqueue a job; the future resolves with its result or raises its error.
+        Cancelling the future withdraws the job."""
+        ...
+
+    async def pull(
+        self, models: Collection[str], max_tokens: int, timeout_s: float
+    ) -> list[EmbedJob]:
+        """Take the most urgent jobs for ``models`` up to ``max_tokens`` (at least one
+        when any is waiting); wait up to ``timeout_s`` for the first."""
+        ...
+
+    async def complete(self, job_id: str, outcome: Outcome) -> None:
+        """Deliver a job's result or error to whoever waits for it."""
+        ...
+
+    def cancelled(self, job_ids: Iterable[str]) -> set[str]:
+        """The ids among ``job_ids`` whose requester gave up."""
+        ...
+
+    def depth(self) -> Counter[str]:
+        """Jobs waiting to be pulled, per model."""
+        ...
+
+
+class InProcessQueue:
+    """Per-model priority queues (earliest deadline first) shared by the tasks of one
+    event loop."""
+
+    def __init__(self) -> None:
+        self._heaps: dict[str, list[tuple[tuple[float, int, float, str], EmbedJob]]] = {}
+        self._waiters: dict[str, asyncio.Future[JobResult]] = {}
+        self._available = asyncio.Condition()
+
+    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+        if job.id in self._waiters:
+            raise ValueError(f"job id {job.id!r} is already queued")
+        future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        self._waiters[job.id] = future
+        future.add_done_callback(lambda _: self._waiters.pop(job.id, None))
+        async with self._available:
+            heapq.heappush(self._heaps.setdefault(job.model, []), (urgency(job), job))
+            self._available.notify_all()
+        return future
+
+    async def pull(
+        self, models: Collection[str], max_tokens: int, timeout_s: float
+    ) -> list[EmbedJob]:
+        async with self._available:
+            if self._most_urgent(models) is None:
+                try:
+                    await asyncio.wait_for(
+                        self._available.wait_for(lambda: self._most_urgent(models) is not None),
+                        timeout_s,
+                    )
+                except TimeoutError:
+                    return []
+            taken: list[EmbedJob] = []
+            tokens = 0
+            while (heap := self._most_urgent(models)) is not None:
+                job = heap[0][1]
+                if taken and tokens + job.est_tokens > max_tokens:
+                    break
+                heapq.heappop(heap)
+                taken.append(job)
+                tokens += job.est_tokens
+            return taken
+
+    def _most_urgent(
+        self, models: Collection[str]
+    ) -> list[tuple[tuple[float, int, float, str], EmbedJob]] | None:
+        """The heap whose live head is most urgent; withdrawn jobs at heads are discarded."""
+        best = None
+        for model in models:
+            heap = self._heaps.get(model)
+            while heap and heap[0][1].id not in self._waiters:
+                heapq.heappop(heap)
+            if heap and (best is None or heap[0][0] < best[0][0]):
+                best = heap
+        return best
+
+    async def complete(self, job_id: str, outcome: Outcome) -> None:
+        future = self._waiters.pop(job_id, None)
+        if future is None or future.done():
+            return  # the requester gave up; nothing waits for this result
+        if isinstance(outcome, FlotillaError):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    def cancelled(self, job_ids: Iterable[str]) -> set[str]:
+        return {job_id for job_id in job_ids if job_id not in self._waiters}
+
+    def depth(self) -> Counter[str]:
+        return Counter(
+            {
+                model: sum(1 for _, job in heap if job.id in self._waiters)
+                for model, heap in self._heaps.items()
+            }
+        )

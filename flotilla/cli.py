@@ -1,0 +1,88 @@
+"""The ``flotilla`` command. Every Settings field is also a flag of the commands that
+take settings; flags override environment variables, which override defaults."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import typer
+from pydantic import ValidationError
+
+from flotilla.settings import Settings
+
+app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
+
+
+def _flag_type(annotation: Any) -> Any:
+    """The type Typer parses a flag as; pydantic validates the value afterwards."""
+    origin = typing.get_origin(annotation)
+    if annotation in (int, float, bool, str):
+        return annotation
+    if annotation is Path or Path in typing.get_args(annotation):
+        return Path
+    if origin is list:
+        return str  # comma-separated, like the environment variable
+    return str  # Literal and friends
+
+
+def with_settings(func: Callable[..., None]) -> Callable[..., None]:
+    """Give ``func(settings, ...)`` one flag per Settings field."""
+    own = [p for p in inspect.signature(func).parameters.values() if p.name != "settings"]
+    setting_params = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=typer.Option(None, help=field.description, show_default=False),
+            annotation=_flag_type(field.annotation) | None,
+        )
+        for name, field in Settings.model_fields.items()
+    ]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> None:
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in Settings.model_fields}
+        try:
+            settings = Settings(**{k: v for k, v in given.items() if v is not None})
+        except ValidationError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+        func(settings, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(own + setting_params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in own + setting_params}
+    return wrapper
+
+
+@app.command()
+@with_settings
+def serve(settings: Settings) -> None:
+    """Gateway, in-process queue and a worker in one process, on the embedded defaults."""
+    from flotilla.serve import serve as run
+
+    run(settings)
+
+
+@app.command()
+@with_settings
+def models(settings: Settings, as_json: bool = typer.Option(False, "--json")) -> None:
+    """List the fleet: names, tasks, sources and profiles."""
+    from embedder.fleet import load_fleet
+
+    fleet = load_fleet(settings.fleet)
+    rows = [spec.model_dump(mode="json") for spec in fleet.models.values()]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    for spec in fleet.models.values():
+        source = spec.source.path or spec.source.package
+        aliases = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
+        typer.echo(f"{spec.name}\t{spec.task}\t{source}\tmax_tokens={spec.max_tokens}{aliases}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,66 @@
+"""The one settings object. Every field is an environment variable
+(``FLOTILLA_<NAME>``) and a CLI flag (``--<name>``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="Interface the HTTP server binds.")
+    port: int = Field(default=8080, ge=0, le=65535, description="HTTP port.")
+    fleet: Path | None = Field(
+        default=None, description="Fleet YAML file; the bundled default fleet when unset."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="Where models run; 'auto' takes CUDA when present."
+    )
+    threads: int = Field(
+        default=0, ge=0, description="CPU threads for inference; 0 uses every core."
+    )
+    request_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Deadline of a request from arrival; past it the client gets 504 and the "
+        "worker skips the job.",
+    )
+    max_body_bytes: int = Field(
+        default=4_000_000, gt=0, description="Largest request body accepted (413 above)."
+    )
+    max_inputs_per_request: int = Field(
+        default=512, gt=0, description="Most inputs or documents in one request (413 above)."
+    )
+    auto_truncate: bool = Field(
+        default=False,
+        description="Cut over-long inputs to the model's limit instead of answering 413, for "
+        "requests that do not say (OpenAI and Cohere shapes).",
+    )
+    max_inflight_tokens: int = Field(
+        default=65_536,
+        gt=0,
+        description="Estimated tokens admitted per model at once; beyond it requests get 429 "
+        "with Retry-After. Higher absorbs bursts, lower bounds queueing latency.",
+    )
+    bytes_per_token: float = Field(
+        default=4.0,
+        gt=0,
+        description="Body bytes per token when estimating a request's size without parsing it.",
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Accepted bearer tokens, comma-separated; empty leaves the API open.",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value

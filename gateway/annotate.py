@@ -1,0 +1,84 @@
+"""Annotating a request without fully parsing it.
+
+Only the routing fields (model, adapter) are decoded; msgspec skips the
+inputs without building Python objects for them. Tokens are estimated from
+the body size; the worker decodes and tokenizes for real.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+import msgspec
+
+from embedder.errors import InvalidRequest, ModelNotFound, TaskNotSupported
+from embedder.fleet import Fleet, ModelSpec
+from embedder.jobs import TASK_OF_SHAPE, ApiShape, EmbedJob, Task
+
+
+class _Routing(msgspec.Struct):
+    model: str | None = None
+    adapter: str | None = None
+
+
+def routing_fields(body: bytes) -> tuple[str | None, str | None]:
+    try:
+        routing = msgspec.json.decode(body, type=_Routing)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request body: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    model, adapter = routing.model, routing.adapter
+    if model and ":" in model and adapter is None:  # "base:adapter", as the OpenAI route allows
+        model, adapter = model.split(":", 1)
+    return model or None, adapter or None
+
+
+def default_model(fleet: Fleet, task: Task) -> ModelSpec:
+    """Routes without a model field (TEI) use the first model of the fleet for the task;
+    reranking falls back to an embedding model, which scores by cosine similarity."""
+    for spec in fleet.models.values():
+        if spec.task is task:
+            return spec
+    return fleet.get(fleet.default_model)
+
+
+def resolve_model(fleet: Fleet, name: str | None, task: Task) -> ModelSpec:
+    spec = default_model(fleet, task) if name is None else fleet.get(name)
+    if task is Task.EMBED and spec.task is not Task.EMBED:
+        raise TaskNotSupported(
+            f"model {spec.name!r} is a {spec.task} model and cannot embed; embedding models: "
+            + ", ".join(n for n, s in fleet.models.items() if s.task is Task.EMBED)
+        )
+    return spec
+
+
+def annotate(
+    body: bytes,
+    shape: ApiShape,
+    fleet: Fleet,
+    *,
+    now: float,
+    timeout_s: float,
+    bytes_per_token: float,
+    priority: int = 0,
+) -> EmbedJob:
+    name, adapter = routing_fields(body)
+    spec = resolve_model(fleet, name, TASK_OF_SHAPE[shape])
+    if adapter is not None:
+        raise ModelNotFound(
+            f"adapter {adapter!r} is not registered for model {spec.name!r}; this fleet serves "
+            "no adapters"
+        )
+    return EmbedJob(
+        id=uuid.uuid4().hex,
+        model=spec.name,
+        shape=shape,
+        body=body,
+        est_tokens=max(1, math.ceil(len(body) / bytes_per_token)),
+        deadline=now + timeout_s,
+        enqueued_at=now,
+        adapter=adapter,
+        priority=priority,
+    )

@@ -1,0 +1,103 @@
+"""The FastAPI app: thin handlers over ``Gateway``, one error handler, probes and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from embedder.errors import FlotillaError
+from embedder.fleet import Fleet
+from embedder.jobs import ApiShape
+from embedder.workqueue import WorkQueue
+from flotilla import __version__
+from flotilla.settings import Settings
+from gateway import metrics
+from gateway.service import Gateway, ModelStates
+
+ROUTES: dict[str, ApiShape] = {
+    "/v1/embeddings": ApiShape.OPENAI_EMBEDDINGS,
+    "/embed": ApiShape.TEI_EMBED,
+    "/rerank": ApiShape.TEI_RERANK,
+    "/v1/rerank": ApiShape.COHERE_RERANK,
+}
+
+
+def _error_body(path: str, exc: FlotillaError) -> dict[str, object]:
+    if path.startswith("/v1/"):  # the OpenAI client reads error.message
+        return {"error": {"message": exc.message, "type": exc.code, "code": exc.http_status}}
+    return {"error": exc.message, "error_type": exc.code}  # TEI's shape
+
+
+def create_app(
+    settings: Settings,
+    fleet: Fleet,
+    queue: WorkQueue,
+    states: ModelStates,
+    lifespan: Callable[[FastAPI], object] | None = None,
+) -> FastAPI:
+    app = FastAPI(title="flotilla", version=__version__, lifespan=lifespan)  # type: ignore[arg-type]
+    gateway = Gateway(settings, fleet, queue, states)
+    app.state.gateway = gateway
+
+    @app.exception_handler(FlotillaError)
+    async def _flotilla_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, FlotillaError)
+        return JSONResponse(
+            _error_body(request.url.path, exc), status_code=exc.http_status, headers=exc.headers
+        )
+
+    def handler(shape: ApiShape) -> Callable[[Request], Awaitable[Response]]:
+        async def handle(request: Request) -> Response:
+            return await gateway.handle(request, shape)
+
+        handle.__name__ = shape.value
+        return handle
+
+    for path, shape in ROUTES.items():
+        app.add_api_route(path, handler(shape), methods=["POST"], response_class=Response)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, object]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "flotilla",
+                    "task": spec.task.value,
+                    "aliases": list(spec.aliases),
+                    "state": states.state(name),
+                    **states.describe(name),
+                }
+                for name, spec in fleet.models.items()
+            ],
+        }
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        """Liveness: the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: every model of the fleet is loaded."""
+        model_states = {name: states.state(name) for name in fleet.models}
+        ok = all(state == "ready" for state in model_states.values())
+        return JSONResponse(
+            {"status": "ready" if ok else "not_ready", "models": model_states},
+            status_code=200 if ok else 503,
+        )
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        depth = queue.depth()
+        for name in fleet.models:
+            metrics.QUEUE_DEPTH.labels(name).set(depth.get(name, 0))
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,207 @@
+"""One request's path through the gateway: authorize, read, annotate, admit,
+enqueue, wait. Handlers in ``routes`` are one line each on top of this."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Callable
+from typing import Literal, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from embedder.errors import (
+    DeadlineExceeded,
+    FlotillaError,
+    InvalidRequest,
+    LimitExceeded,
+    NotReady,
+    Unauthorized,
+)
+from embedder.fleet import Fleet
+from embedder.jobs import ApiShape, EmbedJob, JobResult
+from embedder.workqueue import WorkQueue
+from flotilla.settings import Settings
+from gateway import metrics
+from gateway.admission import Admission, RateMeter
+from gateway.annotate import annotate
+
+ModelState = Literal["loading", "ready", "failed"]
+
+
+class ModelStates(Protocol):
+    """What the gateway knows of the models behind the queue."""
+
+    def state(self, model: str) -> ModelState: ...
+
+    def describe(self, model: str) -> dict[str, object]: ...
+
+
+class ClientGone(FlotillaError):
+    http_status = 499
+    code = "client_closed_request"
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: Settings,
+        fleet: Fleet,
+        queue: WorkQueue,
+        states: ModelStates,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.fleet = fleet
+        self.queue = queue
+        self.states = states
+        self.clock = clock
+        self.admission = Admission(settings.max_inflight_tokens)
+        self.rates = RateMeter()
+
+    async def handle(self, request: Request, shape: ApiShape) -> Response:
+        route = request.url.path
+        start = self.clock()
+        model = "unknown"
+        status = 500
+        try:
+            self._authorize(request)
+            body = await self._read_body(request)
+            job = annotate(
+                body,
+                shape,
+                self.fleet,
+                now=start,
+                timeout_s=self._timeout_s(request),
+                bytes_per_token=self.settings.bytes_per_token,
+                priority=self._priority(request),
+            )
+            model = job.model
+            self._check_ready(model)
+            result = await self._run(request, job)
+            status = 200
+        except FlotillaError as exc:
+            status = exc.http_status
+            raise
+        finally:
+            elapsed = self.clock() - start
+            metrics.REQUESTS.labels(model, route, str(status)).inc()
+            if status == 200:
+                metrics.REQUEST_SECONDS.labels(model, route).observe(elapsed)
+        metrics.QUEUE_SECONDS.labels(model).observe(result.timings.queue_s)
+        headers = {
+            "x-request-id": job.id,
+            "x-model": model,
+            "x-queue-time": f"{result.timings.queue_s * 1e3:.2f}",
+            "x-inference-time": f"{result.timings.inference_s * 1e3:.2f}",
+            "x-total-time": f"{elapsed * 1e3:.2f}",
+            "x-prompt-tokens": str(result.prompt_tokens),
+            **result.extra_headers,
+        }
+        return Response(content=result.body, media_type=result.media_type, headers=headers)
+
+    async def _run(self, request: Request, job: EmbedJob) -> JobResult:
+        rate = self.rates.rate(job.model, self.clock())
+        with self.admission.admit(job.model, job.est_tokens, rate):
+            metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
+            try:
+                future = await self.queue.put(job)
+                result = await self._wait(request, job, future)
+            finally:
+                metrics.INFLIGHT_TOKENS.labels(job.model).dec(job.est_tokens)
+        self.rates.add(job.model, job.est_tokens, self.clock())
+        return result
+
+    async def _wait(self, request: Request, job: EmbedJob, future: asyncio.Future[JobResult]) -> JobResult:
+        """The job's result, unless the client leaves or the deadline passes first;
+        either way the job is withdrawn so no worker spends time on it."""
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait(
+                {future, gone},
+                timeout=max(0.0, job.deadline - self.clock()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            gone.cancel()
+        if future in done:
+            return future.result()
+        future.cancel()
+        if gone in done:
+            raise ClientGone("the client closed the connection; the job was withdrawn")
+        raise DeadlineExceeded(
+            f"no result within {job.deadline - job.enqueued_at:.1f} s: retry, send a longer "
+            "x-request-timeout-ms, or raise --request-timeout-s (FLOTILLA_REQUEST_TIMEOUT_S)"
+        )
+
+    # -- request checks ---------------------------------------------------
+
+    def _authorize(self, request: Request) -> None:
+        keys = self.settings.api_keys
+        if not keys:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not any(
+            hmac.compare_digest(token.encode(), key.encode()) for key in keys
+        ):
+            raise Unauthorized("missing or unknown API key: send 'Authorization: Bearer <key>'")
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.settings.max_body_bytes
+        too_big = LimitExceeded(
+            f"request body over {limit} bytes: split the request, or raise --max-body-bytes "
+            "(FLOTILLA_MAX_BODY_BYTES)"
+        )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_big
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if not body:
+            raise InvalidRequest("the request body is empty; send a JSON object")
+        return body
+
+    def _timeout_s(self, request: Request) -> float:
+        limit = self.settings.request_timeout_s
+        asked = request.headers.get("x-request-timeout-ms")
+        if asked is None:
+            return limit
+        try:
+            value = float(asked) / 1e3
+        except ValueError:
+            raise InvalidRequest(f"x-request-timeout-ms must be a number, got {asked!r}") from None
+        if value <= 0:
+            raise InvalidRequest("x-request-timeout-ms must be positive")
+        return min(value, limit)
+
+    @staticmethod
+    def _priority(request: Request) -> int:
+        raw = request.headers.get("x-priority", "0")
+        try:
+            return int(raw)
+        except ValueError:
+            raise InvalidRequest(f"x-priority must be an integer, got {raw!r}") from None
+
+    def _check_ready(self, model: str) -> None:
+        state = self.states.state(model)
+        if state == "loading":
+            raise NotReady(f"model {model!r} is still loading; retry shortly")
+        if state == "failed":
+            raise NotReady(f"model {model!r} failed to load; see the server log", retry_after_s=60)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
