@@ -94,7 +94,9 @@ def form_batch(
     return BatchPlan(tuple(chosen), remaining, tuple(dropped))
 
 
-def flush_delay(pending: Sequence[EmbedJob], limits: Mapping[str, BatchLimits], now: float) -> float:
+def flush_delay(
+    pending: Sequence[EmbedJob], limits: Mapping[str, BatchLimits], now: float
+) -> float:
     """Seconds until a batch should be formed: 0 when some group is full or has waited
     its ``max_wait``; ``inf`` when nothing is pending."""
     tokens: dict[tuple[str, str | None, object], int] = {}

@@ -188,14 +188,17 @@ def encode_embed(
     if shape is ApiShape.TEI_EMBED:
         return msgspec.json.encode(vectors.tolist())
     if request.encoding == "base64":
-        items: list[object] = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+        items: list[object] = [
+            base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors
+        ]
     else:
         items = vectors.tolist()
     return msgspec.json.encode(
         {
             "object": "list",
             "data": [
-                {"object": "embedding", "index": i, "embedding": item} for i, item in enumerate(items)
+                {"object": "embedding", "index": i, "embedding": item}
+                for i, item in enumerate(items)
             ],
             "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},

@@ -56,7 +56,7 @@ def _check_lengths(encoded: Encoded, truncate: bool, max_tokens: int, field: str
         if n > max_tokens:
             raise LimitExceeded(
                 f"{field} {i} has {n} tokens, over this model's limit of {max_tokens}: shorten "
-                "it, send \"truncate\": true (TEI routes), or start the server with "
+                'it, send "truncate": true (TEI routes), or start the server with '
                 "--auto-truncate (FLOTILLA_AUTO_TRUNCATE)"
             )
 
@@ -80,11 +80,14 @@ def _prepare(
     return rerank, encoded
 
 
-def _scores(model: LoadedModel, out: NDArray[np.float32], request: RerankRequest) -> NDArray[np.float32]:
+def _scores(
+    model: LoadedModel, out: NDArray[np.float32], request: RerankRequest
+) -> NDArray[np.float32]:
     if model.runtime.info.kind == "cross-encoder":
         return out if request.raw_scores else (1.0 / (1.0 + np.exp(-out))).astype(np.float32)
     unit = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
-    return (unit[1:] @ unit[0]).astype(np.float32)
+    scores: NDArray[np.float32] = (unit[1:] @ unit[0]).astype(np.float32)
+    return scores
 
 
 def run_batch(

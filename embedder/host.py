@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import asdict
 from types import TracebackType
 from typing import Literal
@@ -15,12 +16,14 @@ from typing import Literal
 from embedder.batching import BatchLimits
 from embedder.codecs import RequestLimits
 from embedder.execute import LoadedModel
-from embedder.fleet import DeviceKind, Fleet
-from embedder.runtimes import detect_device, load_runtime
+from embedder.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.runtimes import Runtime, detect_device, load_runtime
 from embedder.worker import Worker
 from embedder.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
+
+RuntimeLoader = Callable[[ModelSpec, DeviceKind, int], Runtime]
 
 
 class ModelHost:
@@ -32,12 +35,14 @@ class ModelHost:
         *,
         device: Literal["auto", "cpu", "cuda"] = "auto",
         threads: int = 0,
+        loader: RuntimeLoader = load_runtime,
     ) -> None:
         self.fleet = fleet
         self.queue = queue
         self.request_limits = request_limits
         self.device = device
         self.threads = threads
+        self.loader = loader
         self.loaded: dict[str, LoadedModel] = {}
         self.failed: dict[str, str] = {}
         self.worker: Worker | None = None
@@ -77,7 +82,10 @@ class ModelHost:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.stop()
 
@@ -87,7 +95,7 @@ class ModelHost:
         )
         for name, spec in self.fleet.models.items():
             try:
-                runtime = await asyncio.to_thread(load_runtime, spec, device, self.threads)
+                runtime = await asyncio.to_thread(self.loader, spec, device, self.threads)
             except Exception as exc:  # one bad model must not take the fleet down
                 log.exception("model %s failed to load", name)
                 self.failed[name] = f"{type(exc).__name__}: {exc}"

@@ -74,7 +74,9 @@ class Worker:
             leftovers.extend(self._ready.get_nowait())
         self._pending = []
         for job in leftovers:
-            await self.queue.complete(job.id, DeadlineExceeded("the worker stopped before this job ran"))
+            await self.queue.complete(
+                job.id, DeadlineExceeded("the worker stopped before this job ran")
+            )
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Worker:
@@ -82,7 +84,10 @@ class Worker:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.stop()
 

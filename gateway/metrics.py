@@ -16,6 +16,8 @@ QUEUE_SECONDS = Histogram(
     ["model"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
-REQUESTS = Counter("flotilla_requests", "Requests answered, by status.", ["model", "route", "status"])
+REQUESTS = Counter(
+    "flotilla_requests", "Requests answered, by status.", ["model", "route", "status"]
+)
 INFLIGHT_TOKENS = Gauge("flotilla_inflight_tokens", "Estimated tokens admitted.", ["model"])
 QUEUE_DEPTH = Gauge("flotilla_queue_depth", "Jobs waiting in the shared queue.", ["model"])

@@ -7,7 +7,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import Callable
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -115,13 +115,16 @@ class Gateway:
         self.rates.add(job.model, job.est_tokens, self.clock())
         return result
 
-    async def _wait(self, request: Request, job: EmbedJob, future: asyncio.Future[JobResult]) -> JobResult:
+    async def _wait(
+        self, request: Request, job: EmbedJob, future: asyncio.Future[JobResult]
+    ) -> JobResult:
         """The job's result, unless the client leaves or the deadline passes first;
         either way the job is withdrawn so no worker spends time on it."""
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone: asyncio.Future[None] = asyncio.ensure_future(_disconnected(request))
+        waiting: set[asyncio.Future[Any]] = {future, gone}
         try:
             done, _ = await asyncio.wait(
-                {future, gone},
+                waiting,
                 timeout=max(0.0, job.deadline - self.clock()),
                 return_when=asyncio.FIRST_COMPLETED,
             )

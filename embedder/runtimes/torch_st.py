@@ -168,9 +168,9 @@ class TorchRuntime:
         return result
 
 
-def _bi_encoder(spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]) -> tuple[
-    torch.nn.Module, object, int, int
-]:
+def _bi_encoder(
+    spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]
+) -> tuple[torch.nn.Module, object, int, int]:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.models import Normalize, Pooling
 
@@ -190,9 +190,9 @@ def _bi_encoder(spec: ModelSpec, device: torch.device, model_kwargs: dict[str, o
     return module, st.tokenizer, dimension, max_tokens
 
 
-def _cross_encoder(spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]) -> tuple[
-    torch.nn.Module, object, int
-]:
+def _cross_encoder(
+    spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]
+) -> tuple[torch.nn.Module, object, int]:
     from sentence_transformers import CrossEncoder
 
     ce = CrossEncoder(str(spec.source.resolve()), device=str(device), model_kwargs=model_kwargs)
@@ -234,7 +234,11 @@ def _choose_cpu_dtype(runtime: TorchRuntime) -> torch.dtype:
     choice = torch.bfloat16 if ok and bf16_s < fp32_s * 0.9 else torch.float32
     log.info(
         "%s: fp32 %.1f ms, bf16 %.1f ms (worst cosine %.5f) -> %s",
-        runtime.spec.name, fp32_s * 1e3, bf16_s * 1e3, cosine, choice,
+        runtime.spec.name,
+        fp32_s * 1e3,
+        bf16_s * 1e3,
+        cosine,
+        choice,
     )
     runtime.module = runtime.module if choice is torch.bfloat16 else fp32_module
     return choice
@@ -261,15 +265,24 @@ def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime
         module, tokenizer, dimension, max_tokens = _bi_encoder(spec, device, model_kwargs)
     start_dtype = next(module.parameters()).dtype
     runtime = TorchRuntime(
-        spec, module, tokenizer, device=device, dtype=start_dtype, cross=cross,
-        dimension=dimension, max_tokens=max_tokens,
+        spec,
+        module,
+        tokenizer,
+        device=device,
+        dtype=start_dtype,
+        cross=cross,
+        dimension=dimension,
+        max_tokens=max_tokens,
     )
     if device.type == "cpu":
         dtype = _choose_cpu_dtype(runtime) if wanted == "auto" else DTYPES[wanted]
         runtime.module = runtime.module.to(dtype)
         runtime.dtype = dtype
         runtime.info = RuntimeInfo(
-            kind=runtime.info.kind, device="cpu", dtype=str(dtype).removeprefix("torch."),
-            dimension=dimension, max_tokens=max_tokens,
+            kind=runtime.info.kind,
+            device="cpu",
+            dtype=str(dtype).removeprefix("torch."),
+            dimension=dimension,
+            max_tokens=max_tokens,
         )
     return runtime

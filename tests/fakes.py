@@ -1,0 +1,122 @@
+"""Tiny deterministic fakes for plumbing tests (never for quality or speed claims)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from embedder.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.runtimes import Encoded, RuntimeInfo, TruncationSide
+
+FAIL_MARKER = "FAIL-THIS-BATCH"
+
+
+class FakeRuntime:
+    """Words become token ids; a vector is a pure function of a text's ids, so a test can
+    compute the expected answer with ``expected_vector``. A text containing FAIL_MARKER
+    makes the whole forward pass raise, as a broken model would."""
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        dimension: int = 8,
+        seconds_per_token: float = 0.0,
+        cross: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.dimension = dimension
+        self.seconds_per_token = seconds_per_token
+        self.info = RuntimeInfo(
+            kind="cross-encoder" if cross else "bi-encoder",
+            device="cpu",
+            dtype="float32",
+            dimension=None if cross else dimension,
+            max_tokens=spec.max_tokens,
+        )
+        self.forward_calls: list[int] = []  # inputs per forward, for assertions
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def word_ids(text: str) -> list[int]:
+        return [101, *(zlib.crc32(w.encode()) % 30000 + 1000 for w in text.split()), 102]
+
+    def _cut(self, ids: list[int], side: TruncationSide) -> list[int]:
+        limit = self.info.max_tokens
+        if len(ids) <= limit:
+            return ids
+        body = ids[1:-1]
+        keep = limit - 2
+        body = body[:keep] if side == "right" else body[len(body) - keep :]
+        return [ids[0], *body, ids[-1]]
+
+    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
+        full = [self.word_ids(t) for t in texts]
+        if any(FAIL_MARKER in t for t in texts):
+            full = [[-1, *ids] for ids in full]  # poison: forward will raise
+        return Encoded(
+            ids=[self._cut(ids, side) for ids in full],
+            type_ids=None,
+            full_lengths=[len(ids) for ids in full],
+        )
+
+    def tokenize_pairs(self, query: str, docs: Sequence[str], side: TruncationSide) -> Encoded:
+        return self.tokenize([f"{query} {doc}" for doc in docs], side)
+
+    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
+        with self._lock:
+            self.forward_calls.append(len(encoded))
+        if any(ids and ids[0] == -1 for ids in encoded.ids):
+            raise RuntimeError("fake model failure")
+        if self.seconds_per_token:
+            time.sleep(self.seconds_per_token * encoded.tokens)
+        vectors = np.stack([self.vector_of_ids(ids) for ids in encoded.ids])
+        if self.info.kind == "cross-encoder":
+            return vectors[:, 0].copy()
+        return vectors
+
+    def vector_of_ids(self, ids: Sequence[int]) -> NDArray[np.float32]:
+        rng = np.random.default_rng(zlib.crc32(np.asarray(ids, dtype=np.int64).tobytes()))
+        return rng.standard_normal(self.dimension).astype(np.float32)
+
+    def expected_vector(self, text: str, normalize: bool = True) -> NDArray[np.float32]:
+        v = self.vector_of_ids(self._cut(self.word_ids(text), "right"))
+        return v / np.linalg.norm(v) if normalize else v
+
+
+def fake_fleet(*names: str, max_tokens: int = 64, tmp: Path | None = None) -> Fleet:
+    """A fleet of embed models whose source folder exists but holds nothing."""
+    folder = str(tmp or Path(__file__).parent)
+    return Fleet.model_validate(
+        {
+            "models": {
+                name: {
+                    "source": {"path": folder},
+                    "max_tokens": max_tokens,
+                    "profiles": {
+                        "cpu": {"max_batch_tokens": 512, "max_batch_requests": 16, "max_wait_ms": 1}
+                    },
+                }
+                for name in names
+            }
+        }
+    )
+
+
+class FakeLoader:
+    """A ModelHost loader that builds FakeRuntimes and remembers them by model name."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.kwargs = kwargs
+        self.runtimes: dict[str, FakeRuntime] = {}
+
+    def __call__(self, spec: ModelSpec, device: DeviceKind, threads: int) -> FakeRuntime:
+        runtime = FakeRuntime(spec, **self.kwargs)  # type: ignore[arg-type]
+        self.runtimes[spec.name] = runtime
+        return runtime
