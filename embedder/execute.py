@@ -49,14 +49,14 @@ class BatchReport:
     inference_s: float
 
 
-def _check_lengths(encoded: Encoded, truncate: bool, max_tokens: int, field: str) -> None:
+def _check_lengths(lengths: Sequence[int], truncate: bool, max_tokens: int, field: str) -> None:
     if truncate:
         return
-    for i, n in enumerate(encoded.full_lengths):
+    for i, n in enumerate(lengths):
         if n > max_tokens:
             raise LimitExceeded(
-                f"{field} {i} has {n} tokens, over this model's limit of {max_tokens}: shorten "
-                'it, send "truncate": true (TEI routes), or start the server with '
+                f"{field.format(i=i)} has {n} tokens, over this model's limit of {max_tokens}: "
+                'shorten it, send "truncate": true (TEI routes), or start the server with '
                 "--auto-truncate (FLOTILLA_AUTO_TRUNCATE)"
             )
 
@@ -69,14 +69,16 @@ def _prepare(
     if job.task is Task.EMBED:
         request = decode_embed(job.shape, job.body, limits)
         encoded = runtime.tokenize(request.texts, request.side)
-        _check_lengths(encoded, request.truncate, max_tokens, "input")
+        _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
     rerank = decode_rerank(job.shape, job.body, limits)
     if runtime.info.kind == "cross-encoder":
         encoded = runtime.tokenize_pairs(rerank.query, rerank.documents, rerank.side)
+        _check_lengths(encoded.full_lengths, rerank.truncate, max_tokens, "query + document {i}")
     else:  # a bi-encoder reranks by cosine: the query is the first input
         encoded = runtime.tokenize([rerank.query, *rerank.documents], rerank.side)
-    _check_lengths(encoded, rerank.truncate, max_tokens, "document")
+        _check_lengths(encoded.full_lengths[:1], rerank.truncate, max_tokens, "the query")
+        _check_lengths(encoded.full_lengths[1:], rerank.truncate, max_tokens, "document {i}")
     return rerank, encoded
 
 

@@ -50,6 +50,9 @@ class Worker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-device")
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[EmbedJob] = []
+        # Batches out of _pending but not delivered: stop() must fail these too.
+        self._forming: tuple[EmbedJob, ...] = ()  # formed, waiting for room in _ready
+        self._running: tuple[EmbedJob, ...] = ()  # in the executor or being delivered
 
     async def start(self) -> None:
         if self._tasks:
@@ -69,13 +72,13 @@ class Worker:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        leftovers = list(self._pending)
+        leftovers = [*self._running, *self._forming, *self._pending]
         while not self._ready.empty():
             leftovers.extend(self._ready.get_nowait())
-        self._pending = []
-        for job in leftovers:
+        self._pending, self._forming, self._running = [], (), ()
+        for job in leftovers:  # completing a job already delivered is a no-op
             await self.queue.complete(
-                job.id, DeadlineExceeded("the worker stopped before this job ran")
+                job.id, DeadlineExceeded("the worker stopped before this job finished")
             )
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -115,6 +118,7 @@ class Worker:
                 self.queue.cancelled(job.id for job in self._pending),
             )
             self._pending = list(plan.remaining)
+            self._forming = plan.batch
             for job, reason in plan.dropped:
                 metrics.JOBS.labels(job.model, reason.value).inc()
                 if reason is DropReason.EXPIRED:
@@ -123,6 +127,7 @@ class Worker:
                     )
             if plan.batch:
                 await self._ready.put(plan.batch)
+            self._forming = ()
 
     # -- running ----------------------------------------------------------
 
@@ -132,6 +137,7 @@ class Worker:
             batch = await self._ready.get()
             withdrawn = self.queue.cancelled(job.id for job in batch)
             batch = tuple(job for job in batch if job.id not in withdrawn)
+            self._running = batch
             if not batch:
                 continue
             model = self.models[batch[0].model]
@@ -144,6 +150,7 @@ class Worker:
                 error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
                 report = BatchReport([(job, error) for job in batch], 0, 0.0)
             await self._deliver(model, report)
+            self._running = ()
 
     async def _deliver(self, model: LoadedModel, report: BatchReport) -> None:
         name = model.spec.name

