@@ -14,6 +14,7 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
+from embedder.fleet import FleetError
 from flotilla.settings import Settings
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
@@ -51,7 +52,10 @@ def with_settings(func: Callable[..., None]) -> Callable[..., None]:
             settings = Settings(**{k: v for k, v in given.items() if v is not None})
         except ValidationError as exc:
             raise typer.BadParameter(str(exc)) from exc
-        func(settings, **kwargs)
+        try:
+            func(settings, **kwargs)
+        except FleetError as exc:  # a missing or malformed fleet file: a usage error
+            raise typer.BadParameter(exc.message, param_hint="'--fleet' / FLOTILLA_FLEET") from exc
 
     wrapper.__signature__ = inspect.Signature(own + setting_params)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in own + setting_params}

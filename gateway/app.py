@@ -18,6 +18,7 @@ from gateway import metrics
 from gateway.service import Gateway, ModelStates
 
 ROUTES: dict[str, ApiShape] = {
+    "/": ApiShape.TEI_EMBED,  # TEI answers its default task at the root; HF clients post here
     "/v1/embeddings": ApiShape.OPENAI_EMBEDDINGS,
     "/embed": ApiShape.TEI_EMBED,
     "/rerank": ApiShape.TEI_RERANK,

