@@ -1,0 +1,61 @@
+"""Classified errors of the ingestion side, on the same base as the serving errors.
+
+The pipeline retries only what says ``retriable`` (with backoff and a deadline) and
+dead-letters or fails on the rest; the gateway maps ``http_status`` if one surfaces there.
+"""
+
+from __future__ import annotations
+
+from embedder.errors import FlotillaError
+
+
+class StoreError(FlotillaError):
+    """A vector store failure that a retry will not fix (the cause is chained)."""
+
+    http_status = 500
+    code = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The store is unreachable, overloaded or timed out: back off and retry."""
+
+    http_status = 503
+    retriable = True
+    code = "store_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+        self.retry_after_s = retry_after_s
+
+
+class ShardLocked(StoreUnavailable):
+    """An embedded shard is open in another process (or another store in this one).
+
+    Retriable because a restarting pipeline's predecessor may still be exiting; a
+    second process pointed at the same data directory will never get it.
+    """
+
+    code = "shard_locked"
+
+
+class CollectionNotFound(StoreError):
+    http_status = 404
+    code = "collection_not_found"
+
+
+class CollectionModelMismatch(StoreError):
+    """The collection holds vectors of another model, dimension or distance.
+
+    Mixing them would silently ruin every search, so the store refuses; the fix is to
+    re-embed into a new collection.
+    """
+
+    http_status = 409
+    code = "collection_model_mismatch"
+
+
+class InvalidStoreRequest(StoreError):
+    """Bad input: wrong vector length, non-finite values, a bad id, filter or name."""
+
+    http_status = 422
+    code = "invalid_store_request"

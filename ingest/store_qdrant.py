@@ -1,0 +1,306 @@
+"""The Qdrant server path: ``VectorStore`` over ``qdrant-client``'s ``AsyncQdrantClient``.
+
+``QdrantStore(url=..., api_key=...)`` talks to a server over REST (or gRPC with
+``prefer_grpc=True``). ``QdrantStore(location=":memory:")`` and ``QdrantStore(path=...)``
+are qdrant-client's local modes: pure-Python brute force that runs on the event loop
+itself, fine for tests and a few thousand points, not for production.
+
+The embedding model is recorded in the collection's own metadata (``flotilla_model``);
+dimension and distance are read back from the collection's vector config.
+
+Transport failures, timeouts, 429 and 5xx answers become ``StoreUnavailable`` so the
+pipeline backs off and retries; 404 becomes ``CollectionNotFound``; 400/422 become
+``InvalidStoreRequest``; anything else is a non-retriable ``StoreError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grpc
+import httpx
+from qdrant_client import AsyncQdrantClient, models
+from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+from ingest.errors import (
+    CollectionModelMismatch,
+    CollectionNotFound,
+    InvalidStoreRequest,
+    StoreError,
+    StoreUnavailable,
+)
+from ingest.store import (
+    CollectionSpec,
+    Condition,
+    Distance,
+    Hit,
+    PayloadFilter,
+    Point,
+    VectorLike,
+    as_float_list,
+    as_vector,
+    check_collection_name,
+    check_filter,
+    check_ids,
+    check_limit,
+    check_spec,
+    latest_by_id,
+    refuse_mismatch,
+)
+
+MODEL_KEY = "flotilla_model"
+
+_DISTANCE: dict[Distance, models.Distance] = {
+    "cosine": models.Distance.COSINE,
+    "dot": models.Distance.DOT,
+    "euclid": models.Distance.EUCLID,
+    "manhattan": models.Distance.MANHATTAN,
+}
+_DISTANCE_BACK: dict[models.Distance, Distance] = {v: k for k, v in _DISTANCE.items()}
+
+_UNAVAILABLE_GRPC = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.ABORTED,
+}
+
+
+class QdrantStore:
+    """A ``VectorStore`` on a Qdrant server (or qdrant-client's local mode for tests)."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        api_key: str | None = None,
+        location: str | None = None,
+        path: str | None = None,
+        prefer_grpc: bool = False,
+        timeout_s: int | None = None,
+        check_compatibility: bool = True,
+    ) -> None:
+        if sum(x is not None for x in (url, location, path)) != 1:
+            raise InvalidStoreRequest(
+                "give exactly one of url (a server), location (':memory:') or path (local files)"
+            )
+        self._client = AsyncQdrantClient(
+            location=location,
+            url=url,
+            path=path,
+            api_key=api_key,
+            prefer_grpc=prefer_grpc,
+            timeout=timeout_s,
+            check_compatibility=check_compatibility,
+        )
+        self._specs: dict[str, CollectionSpec] = {}
+        self._closed = False
+
+    async def __aenter__(self) -> QdrantStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def ensure_collection(
+        self, name: str, dimension: int, distance: Distance, model: str
+    ) -> CollectionSpec:
+        wanted = check_spec(name, dimension, distance, model)
+        self._check_open()
+        with _classified(name):
+            if not await self._client.collection_exists(name):
+                try:
+                    await self._client.create_collection(
+                        name,
+                        vectors_config=models.VectorParams(
+                            size=dimension, distance=_DISTANCE[distance]
+                        ),
+                        metadata={MODEL_KEY: model},
+                    )
+                except (UnexpectedResponse, ValueError) as exc:
+                    # Another writer created it first; what it holds is checked below.
+                    if not _already_exists(exc):
+                        raise
+            existing = await self._describe(name)
+        refuse_mismatch(existing, wanted)
+        self._specs[name] = existing
+        return existing
+
+    async def upsert(self, collection: str, points: Sequence[Point]) -> None:
+        spec = await self._spec(collection)
+        points = latest_by_id(points)
+        if not points:
+            return
+        batch = models.Batch(
+            ids=[p.id for p in points],
+            vectors=[as_vector(p.vector, spec.dimension) for p in points],
+            payloads=[dict(p.payload) for p in points],
+        )
+        with _classified(collection):
+            await self._client.upsert(collection, points=batch, wait=True)
+
+    async def delete(self, collection: str, ids: Sequence[str]) -> None:
+        await self._spec(collection)
+        wanted = check_ids(ids)
+        if not wanted:
+            return
+        with _classified(collection):
+            await self._client.delete(
+                collection, points_selector=models.PointIdsList(points=list(wanted)), wait=True
+            )
+
+    async def search(
+        self,
+        collection: str,
+        vector: VectorLike,
+        limit: int = 10,
+        filter: PayloadFilter | None = None,
+    ) -> list[Hit]:
+        spec = await self._spec(collection)
+        query = as_vector(vector, spec.dimension)
+        limit = check_limit(limit)
+        conditions = check_filter(filter)
+        with _classified(collection):
+            response = await self._client.query_points(
+                collection,
+                query=query,
+                limit=limit,
+                query_filter=_to_filter(conditions),
+                with_payload=True,
+                with_vectors=False,
+            )
+        return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in response.points]
+
+    async def count(self, collection: str) -> int:
+        await self._spec(collection)
+        with _classified(collection):
+            result = await self._client.count(collection, exact=True)
+        return result.count
+
+    async def retrieve(self, collection: str, ids: Sequence[str]) -> list[Point]:
+        await self._spec(collection)
+        wanted = check_ids(ids)
+        if not wanted:
+            return []
+        with _classified(collection):
+            records = await self._client.retrieve(
+                collection, ids=wanted, with_payload=True, with_vectors=True
+            )
+        found = {
+            str(r.id): Point(id=str(r.id), vector=as_float_list(r.vector), payload=r.payload or {})
+            for r in records
+        }
+        return [found[i] for i in dict.fromkeys(wanted) if i in found]
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with _classified(None):
+            await self._client.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the vector store is closed")
+
+    async def _spec(self, collection: str) -> CollectionSpec:
+        """The collection's spec: remembered from ``ensure_collection`` or read once."""
+        check_collection_name(collection)
+        self._check_open()
+        spec = self._specs.get(collection)
+        if spec is None:
+            with _classified(collection):
+                spec = await self._describe(collection)
+            self._specs[collection] = spec
+        return spec
+
+    async def _describe(self, name: str) -> CollectionSpec:
+        info = await self._client.get_collection(name)
+        vectors = info.config.params.vectors
+        if not isinstance(vectors, models.VectorParams):
+            raise CollectionModelMismatch(
+                f"collection {name!r} has named or no dense vectors; flotilla writes one"
+                " unnamed vector per point: re-embed into a new collection"
+            )
+        metadata: dict[str, Any] = info.config.metadata or {}
+        model = metadata.get(MODEL_KEY)
+        return CollectionSpec(
+            name=name,
+            dimension=vectors.size,
+            distance=_DISTANCE_BACK[vectors.distance],
+            model=model if isinstance(model, str) else "(none recorded)",
+        )
+
+
+def _to_filter(conditions: list[Condition]) -> models.Filter | None:
+    if not conditions:
+        return None
+    must: list[models.Condition] = []
+    for key, value in conditions:
+        match: models.MatchValue | models.MatchAny = (
+            models.MatchAny(any=value)
+            if isinstance(value, list)
+            else models.MatchValue(value=value)
+        )
+        must.append(models.FieldCondition(key=key, match=match))
+    return models.Filter(must=must)
+
+
+def _already_exists(exc: Exception) -> bool:
+    if isinstance(exc, UnexpectedResponse):
+        return exc.status_code == 409
+    return "already exists" in str(exc)
+
+
+@contextlib.contextmanager
+def _classified(collection: str | None) -> Iterator[None]:
+    """Re-raise whatever qdrant-client raises as one of the store's classified errors."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise _classify(exc, collection) from exc
+
+
+def _classify(exc: Exception, collection: str | None) -> StoreError:
+    where = f"Qdrant (collection {collection!r})" if collection else "Qdrant"
+    if isinstance(exc, ResourceExhaustedResponse):
+        return StoreUnavailable(
+            f"{where} is rate limiting: {exc}", retry_after_s=max(1, int(exc.retry_after_s))
+        )
+    if isinstance(exc, ResponseHandlingException):
+        source = exc.source
+        if isinstance(source, httpx.TransportError | OSError | TimeoutError):
+            return StoreUnavailable(f"{where} unreachable: {type(source).__name__}: {source}")
+        return StoreError(f"{where} sent an unreadable answer: {source}")
+    if isinstance(exc, UnexpectedResponse):
+        status = exc.status_code or 0
+        detail = exc.content[:300].decode("utf-8", "replace")
+        if status == 404:
+            return CollectionNotFound(f"{where}: not found ({detail})")
+        if status in (400, 422):
+            return InvalidStoreRequest(f"{where} refused the request: {detail}")
+        if status == 429 or status >= 500:
+            return StoreUnavailable(f"{where} answered {status}: {detail}")
+        return StoreError(f"{where} answered {status}: {detail}")
+    if isinstance(exc, grpc.RpcError):
+        code = exc.code() if callable(getattr(exc, "code", None)) else None
+        if code in _UNAVAILABLE_GRPC:
+            return StoreUnavailable(f"{where} unavailable over gRPC: {code}")
+        if code == grpc.StatusCode.NOT_FOUND:
+            return CollectionNotFound(f"{where}: not found")
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return InvalidStoreRequest(f"{where} refused the request: {exc}")
+        return StoreError(f"{where} failed over gRPC: {code}")
+    if isinstance(exc, httpx.TransportError | ConnectionError | TimeoutError):
+        return StoreUnavailable(f"{where} unreachable: {type(exc).__name__}: {exc}")
+    if isinstance(exc, ValueError):
+        # The local modes raise ValueError for what a server answers with 404 or 400.
+        if "not found" in str(exc):
+            return CollectionNotFound(f"{where}: {exc}")
+        return InvalidStoreRequest(f"{where} refused the request: {exc}")
+    return StoreError(f"{where} failed: {type(exc).__name__}: {exc}")
