@@ -125,7 +125,7 @@ def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRe
             dimensions=_dimensions(oa.dimensions),
             encoding=oa.encoding_format,
         )
-    if shape is ApiShape.TEI_EMBED:
+    if shape in (ApiShape.TEI_EMBED, ApiShape.RAW_VECTORS):
         tei = _decode(body, _TeiEmbed)
         return EmbedRequest(
             texts=_texts(tei.inputs, "inputs", limits),
@@ -185,6 +185,8 @@ def shape_vectors(
 def encode_embed(
     shape: ApiShape, request: EmbedRequest, vectors: NDArray[np.float32], model: str, tokens: int
 ) -> bytes:
+    if shape is ApiShape.RAW_VECTORS:
+        return vectors.astype("<f4").tobytes()
     if shape is ApiShape.TEI_EMBED:
         return msgspec.json.encode(vectors.tolist())
     if request.encoding == "base64":
@@ -237,3 +239,14 @@ def encode_rerank(
             "usage": {"total_tokens": tokens},
         }
     )
+
+
+def raw_vectors_body(texts: list[str], *, truncate: bool = False) -> bytes:
+    """The body of a RAW_VECTORS job: what ingest and search send through the queue."""
+    return msgspec.json.encode({"inputs": texts, "truncate": truncate})
+
+
+def decode_raw_vectors(body: bytes, count: int) -> NDArray[np.float32]:
+    """The (count, dim) float32 vectors of a RAW_VECTORS reply."""
+    flat = np.frombuffer(body, dtype="<f4")
+    return flat.reshape(count, flat.size // count).astype(np.float32)

@@ -24,6 +24,7 @@ class ApiShape(enum.StrEnum):
     TEI_EMBED = "tei_embed"
     TEI_RERANK = "tei_rerank"
     COHERE_RERANK = "cohere_rerank"
+    RAW_VECTORS = "raw_vectors"  # internal (ingest, search): TEI body in, float32 bytes out
 
 
 TASK_OF_SHAPE: dict[ApiShape, Task] = {
@@ -31,6 +32,7 @@ TASK_OF_SHAPE: dict[ApiShape, Task] = {
     ApiShape.TEI_EMBED: Task.EMBED,
     ApiShape.TEI_RERANK: Task.RERANK,
     ApiShape.COHERE_RERANK: Task.RERANK,
+    ApiShape.RAW_VECTORS: Task.EMBED,
 }
 
 

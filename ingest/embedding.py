@@ -1,0 +1,68 @@
+"""Ingest embeds through the same work queue and workers as online requests.
+
+Each document becomes one RAW_VECTORS job with a long deadline: the worker's
+earliest-deadline-first batching serves online requests (short deadlines)
+first and fills the rest of each batch with documents. One job per document
+keeps a bad document's error (too long, say) its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+from embedder.codecs import decode_raw_vectors, raw_vectors_body
+from embedder.errors import FlotillaError
+from embedder.jobs import ApiShape, EmbedJob
+from embedder.workqueue import WorkQueue
+
+Embedding = NDArray[np.float32] | FlotillaError
+
+
+class QueueEmbedder:
+    def __init__(
+        self,
+        queue: WorkQueue,
+        *,
+        deadline_s: float = 600.0,
+        bytes_per_token: float = 4.0,
+        priority: int = 10,
+    ) -> None:
+        self.queue = queue
+        self.deadline_s = deadline_s
+        self.bytes_per_token = bytes_per_token
+        self.priority = priority
+
+    def _job(self, model: str, text: str, now: float) -> EmbedJob:
+        body = raw_vectors_body([text])
+        return EmbedJob(
+            id=uuid.uuid4().hex,
+            model=model,
+            shape=ApiShape.RAW_VECTORS,
+            body=body,
+            est_tokens=max(1, math.ceil(len(body) / self.bytes_per_token)),
+            deadline=now + self.deadline_s,
+            enqueued_at=now,
+            priority=self.priority,
+        )
+
+    async def embed(self, items: Sequence[tuple[str, str]]) -> list[Embedding]:
+        """Vectors (unit length) for ``(model, text)`` pairs, or each one's error."""
+        now = time.time()
+        futures = [await self.queue.put(self._job(model, text, now)) for model, text in items]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        out: list[Embedding] = []
+        for result in results:
+            if isinstance(result, FlotillaError):
+                out.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.append(decode_raw_vectors(result.body, 1)[0])
+        return out
