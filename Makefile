@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test lint typecheck unit bench clean
+.PHONY: install kafka-jars run test lint typecheck unit bench clean
 
 install: $(STAMP)
 
@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The Kafka broker the tests start (tests/kafka/): its jars, pinned in tests/kafka/pom.xml,
+# come from Maven Central once (Java 17 + Maven) into ~/.cache/flotilla; later runs reuse them.
+kafka-jars: install
+	$(BIN)/python -m tests.kafka.jars
 
 run: install
 	$(BIN)/flotilla serve
@@ -27,7 +32,7 @@ typecheck: install
 unit: install
 	$(BIN)/pytest
 
-test: lint typecheck unit
+test: kafka-jars lint typecheck unit
 
 bench: install
 	$(BIN)/python -m bench.engine
