@@ -9,7 +9,7 @@ import json
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -34,7 +34,12 @@ def _flag_type(annotation: Any) -> Any:
 
 def with_settings(func: Callable[..., None]) -> Callable[..., None]:
     """Give ``func(settings, ...)`` one flag per Settings field."""
-    own = [p for p in inspect.signature(func).parameters.values() if p.name != "settings"]
+    hints = typing.get_type_hints(func, include_extras=True)  # Annotated flags survive
+    own = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(func).parameters.values()
+        if p.name != "settings"
+    ]
     setting_params = [
         inspect.Parameter(
             name,
@@ -69,6 +74,37 @@ def serve(settings: Settings) -> None:
     from flotilla.serve import serve as run
 
     run(settings)
+
+
+@app.command()
+@with_settings
+def ingest(
+    settings: Settings,
+    source: Annotated[
+        Path | None,
+        typer.Option("--from", help="A JSON-lines or Parquet file to ingest instead of a topic."),
+    ] = None,
+    produce: Annotated[
+        bool,
+        typer.Option("--produce", help="With --from: send the file to --topic, not the store."),
+    ] = False,
+) -> None:
+    """Embed documents into the vector store: from --topic (a consumer-group member
+    until Ctrl-C), or from a file (--from), or send a file to the topic (--produce)."""
+    import asyncio
+
+    from flotilla import ingest as run
+
+    if produce and source is None:
+        raise typer.BadParameter("--produce sends a file: give it with --from")
+    if source is not None and not source.is_file():
+        raise typer.BadParameter(f"{source} is not a file", param_hint="'--from'")
+    if source is None:
+        asyncio.run(run.consume(settings))
+    elif produce:
+        asyncio.run(run.produce(settings, source))
+    else:
+        asyncio.run(run.backfill(settings, source))
 
 
 @app.command()

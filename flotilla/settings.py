@@ -58,6 +58,41 @@ class Settings(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
 
+    # -- ingestion and the vector store ------------------------------------
+    kafka: str | None = Field(
+        default=None,
+        description="Kafka bootstrap servers (host:port,...). With --topic, `serve` also ingests.",
+    )
+    topic: str | None = Field(default=None, description="Kafka topic of documents to ingest.")
+    group: str = Field(
+        default="flotilla-ingest",
+        description="Consumer group; ingest workers in one group share the topic's partitions.",
+    )
+    collection: str = Field(
+        default="documents", description="Collection for records that do not name one."
+    )
+    store: Literal["edge", "qdrant"] = Field(
+        default="edge",
+        description="'edge': Qdrant's engine in-process, on disk under --data-dir (one process "
+        "owns it). 'qdrant': a Qdrant server at --qdrant-url.",
+    )
+    data_dir: Path = Field(
+        default=Path("flotilla-data"), description="Where the embedded store keeps its files."
+    )
+    qdrant_url: str | None = Field(default=None, description="Qdrant server URL (--store qdrant).")
+    qdrant_api_key: str | None = Field(default=None, description="Qdrant API key, if any.")
+    ingest_max_text_bytes: int = Field(
+        default=200_000,
+        gt=0,
+        description="Longest document text accepted; longer ones go to the dead-letter topic.",
+    )
+    ingest_max_records: int = Field(
+        default=512,
+        gt=0,
+        description="Records per chunk: one commit per chunk. Larger amortizes commits and "
+        "fills batches; smaller redelivers less after a crash.",
+    )
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:

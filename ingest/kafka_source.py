@@ -90,6 +90,7 @@ class KafkaSource:
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.totals = ChunkReport()
+        self.lag: dict[int, int] = {}  # partition -> records behind its end
 
     async def start(self) -> None:
         if self._task is not None:
@@ -168,11 +169,14 @@ class KafkaSource:
         RECORDS.labels(self.topic, "dead_lettered").inc(report.dead_lettered)
 
     async def _update_lag(self) -> None:
-        for tp in self.consumer.assignment():
+        assigned = self.consumer.assignment()
+        self.lag = {p: n for p, n in self.lag.items() if TopicPartition(self.topic, p) in assigned}
+        for tp in assigned:
             end = self.consumer.highwater(tp)
             if end is not None:
                 position = await self.consumer.position(tp)
-                LAG.labels(tp.topic, str(tp.partition)).set(max(0, end - position))
+                self.lag[tp.partition] = max(0, end - position)
+                LAG.labels(tp.topic, str(tp.partition)).set(self.lag[tp.partition])
 
     async def dead_letter(self, poisons: Sequence[tuple[RawRecord, str]]) -> None:
         """Send each poison record, original bytes and headers plus the reason and its
