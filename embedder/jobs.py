@@ -9,6 +9,8 @@ vectors either.
 from __future__ import annotations
 
 import enum
+import math
+import uuid
 from dataclasses import dataclass, field
 
 
@@ -53,6 +55,32 @@ class EmbedJob:
     enqueued_at: float
     adapter: str | None = None
     priority: int = 0  # lower runs first among jobs with the same deadline
+
+    @classmethod
+    def new(
+        cls,
+        model: str,
+        shape: ApiShape,
+        body: bytes,
+        *,
+        now: float,
+        timeout_s: float,
+        bytes_per_token: float,
+        priority: int = 0,
+        adapter: str | None = None,
+    ) -> EmbedJob:
+        """A fresh job, its size estimated from the body without parsing it."""
+        return cls(
+            id=uuid.uuid4().hex,
+            model=model,
+            shape=shape,
+            body=body,
+            est_tokens=max(1, math.ceil(len(body) / bytes_per_token)),
+            deadline=now + timeout_s,
+            enqueued_at=now,
+            adapter=adapter,
+            priority=priority,
+        )
 
     @property
     def task(self) -> Task:

@@ -1,7 +1,10 @@
-"""Wiring for one process: gateway + in-process queue + a worker on this device."""
+"""Wiring for one process: gateway + in-process queue + a worker on this device, the
+vector store for search, and, when --kafka and --topic are set, Kafka ingestion feeding
+the same worker."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -9,33 +12,59 @@ from collections.abc import AsyncIterator
 import uvicorn
 from fastapi import FastAPI
 
-from embedder.codecs import RequestLimits
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.workqueue import InProcessQueue
+from flotilla.ingest import configured_store, record_rules, request_limits
 from flotilla.settings import Settings
 from gateway.app import create_app
+from ingest.embedding import QueueEmbedder
+from ingest.kafka_source import KafkaSource
+from ingest.pipeline import IngestCore
+
+log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> FastAPI:
     fleet = load_fleet(settings.fleet)
     queue = InProcessQueue()
     host = ModelHost(
-        fleet,
-        queue,
-        RequestLimits(
-            max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
-        ),
-        device=settings.device,
-        threads=settings.threads,
+        fleet, queue, request_limits(settings), device=settings.device, threads=settings.threads
     )
+    store = configured_store(settings)
+    source: KafkaSource | None = None
+    if settings.kafka and settings.topic:
+        core = IngestCore(
+            QueueEmbedder(queue, bytes_per_token=settings.bytes_per_token),
+            store,
+            record_rules(settings, fleet),
+        )
+        source = KafkaSource(
+            core,
+            bootstrap=settings.kafka,
+            topic=settings.topic,
+            group=settings.group,
+            max_records=settings.ingest_max_records,
+        )
+
+    async def ingest_when_ready() -> None:
+        await host.wait_ready()
+        if source is not None:
+            await source.start()
+            log.info("ingesting %s into %s", settings.topic, settings.collection)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with host:
-            yield
+        async with host, store:
+            starting = asyncio.create_task(ingest_when_ready(), name="ingest-start")
+            try:
+                yield
+            finally:
+                starting.cancel()
+                if source is not None:
+                    await source.stop()  # drains the chunk in flight and commits
 
-    app = create_app(settings, fleet, queue, host, lifespan=lifespan)
+    app = create_app(settings, fleet, queue, host, lifespan=lifespan, store=store)
     app.state.host = host
     return app
 

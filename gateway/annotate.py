@@ -7,9 +7,6 @@ the body size; the worker decodes and tokenizes for real.
 
 from __future__ import annotations
 
-import math
-import uuid
-
 import msgspec
 
 from embedder.errors import InvalidRequest, ModelNotFound, TaskNotSupported
@@ -71,14 +68,13 @@ def annotate(
             f"adapter {adapter!r} is not registered for model {spec.name!r}; this fleet serves "
             "no adapters"
         )
-    return EmbedJob(
-        id=uuid.uuid4().hex,
-        model=spec.name,
-        shape=shape,
-        body=body,
-        est_tokens=max(1, math.ceil(len(body) / bytes_per_token)),
-        deadline=now + timeout_s,
-        enqueued_at=now,
-        adapter=adapter,
+    return EmbedJob.new(
+        spec.name,
+        shape,
+        body,
+        now=now,
+        timeout_s=timeout_s,
+        bytes_per_token=bytes_per_token,
         priority=priority,
+        adapter=adapter,
     )

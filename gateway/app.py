@@ -15,7 +15,9 @@ from embedder.workqueue import WorkQueue
 from flotilla import __version__
 from flotilla.settings import Settings
 from gateway import metrics
+from gateway.search import CollectionSearch
 from gateway.service import Gateway, ModelStates
+from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {
     "/": ApiShape.TEI_EMBED,  # TEI answers its default task at the root; HF clients post here
@@ -38,6 +40,7 @@ def create_app(
     queue: WorkQueue,
     states: ModelStates,
     lifespan: Callable[[FastAPI], object] | None = None,
+    store: VectorStore | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=__version__, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(settings, fleet, queue, states)
@@ -59,6 +62,13 @@ def create_app(
 
     for path, shape in ROUTES.items():
         app.add_api_route(path, handler(shape), methods=["POST"], response_class=Response)
+
+    if store is not None:
+        search = CollectionSearch(gateway, store)
+
+        @app.post("/v1/collections/{name}/search", response_class=Response)
+        async def collection_search(request: Request, name: str) -> Response:
+            return await search.handle(request, name)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:

@@ -68,20 +68,20 @@ class Gateway:
         model = "unknown"
         status = 500
         try:
-            self._authorize(request)
-            body = await self._read_body(request)
+            self.authorize(request)
+            body = await self.read_body(request)
             job = annotate(
                 body,
                 shape,
                 self.fleet,
                 now=start,
-                timeout_s=self._timeout_s(request),
+                timeout_s=self.timeout_s(request),
                 bytes_per_token=self.settings.bytes_per_token,
-                priority=self._priority(request),
+                priority=self.priority(request),
             )
             model = job.model
-            self._check_ready(model)
-            result = await self._run(request, job)
+            self.check_ready(model)
+            result = await self.run(request, job)
             status = 200
         except FlotillaError as exc:
             status = exc.http_status
@@ -103,19 +103,19 @@ class Gateway:
         }
         return Response(content=result.body, media_type=result.media_type, headers=headers)
 
-    async def _run(self, request: Request, job: EmbedJob) -> JobResult:
+    async def run(self, request: Request, job: EmbedJob) -> JobResult:
         rate = self.rates.rate(job.model, self.clock())
         with self.admission.admit(job.model, job.est_tokens, rate):
             metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
             try:
                 future = await self.queue.put(job)
-                result = await self._wait(request, job, future)
+                result = await self.wait(request, job, future)
             finally:
                 metrics.INFLIGHT_TOKENS.labels(job.model).dec(job.est_tokens)
         self.rates.add(job.model, job.est_tokens, self.clock())
         return result
 
-    async def _wait(
+    async def wait(
         self, request: Request, job: EmbedJob, future: asyncio.Future[JobResult]
     ) -> JobResult:
         """The job's result, unless the client leaves or the deadline passes first;
@@ -145,7 +145,7 @@ class Gateway:
 
     # -- request checks ---------------------------------------------------
 
-    def _authorize(self, request: Request) -> None:
+    def authorize(self, request: Request) -> None:
         keys = self.settings.api_keys
         if not keys:
             return
@@ -155,7 +155,7 @@ class Gateway:
         ):
             raise Unauthorized("missing or unknown API key: send 'Authorization: Bearer <key>'")
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes
         too_big = LimitExceeded(
             f"request body over {limit} bytes: split the request, or raise --max-body-bytes "
@@ -176,7 +176,7 @@ class Gateway:
             raise InvalidRequest("the request body is empty; send a JSON object")
         return body
 
-    def _timeout_s(self, request: Request) -> float:
+    def timeout_s(self, request: Request) -> float:
         limit = self.settings.request_timeout_s
         asked = request.headers.get("x-request-timeout-ms")
         if asked is None:
@@ -190,14 +190,14 @@ class Gateway:
         return min(value, limit)
 
     @staticmethod
-    def _priority(request: Request) -> int:
+    def priority(request: Request) -> int:
         raw = request.headers.get("x-priority", "0")
         try:
             return int(raw)
         except ValueError:
             raise InvalidRequest(f"x-priority must be an integer, got {raw!r}") from None
 
-    def _check_ready(self, model: str) -> None:
+    def check_ready(self, model: str) -> None:
         state = self.states.state(model)
         if state == "loading":
             raise NotReady(f"model {model!r} is still loading; retry shortly")

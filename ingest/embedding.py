@@ -9,9 +9,7 @@ keeps a bad document's error (too long, say) its own.
 from __future__ import annotations
 
 import asyncio
-import math
 import time
-import uuid
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,15 +38,13 @@ class QueueEmbedder:
         self.priority = priority
 
     def _job(self, model: str, text: str, now: float) -> EmbedJob:
-        body = raw_vectors_body([text])
-        return EmbedJob(
-            id=uuid.uuid4().hex,
-            model=model,
-            shape=ApiShape.RAW_VECTORS,
-            body=body,
-            est_tokens=max(1, math.ceil(len(body) / self.bytes_per_token)),
-            deadline=now + self.deadline_s,
-            enqueued_at=now,
+        return EmbedJob.new(
+            model,
+            ApiShape.RAW_VECTORS,
+            raw_vectors_body([text]),
+            now=now,
+            timeout_s=self.deadline_s,
+            bytes_per_token=self.bytes_per_token,
             priority=self.priority,
         )
 

@@ -74,19 +74,9 @@ class KafkaSource:
         self.max_records = max_records
         self.poll_timeout_ms = poll_timeout_ms
         self._busy = asyncio.Lock()
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap,
-            group_id=group,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            max_poll_records=max_records,
-            # A store outage holds a chunk (with backoff) for up to this long before the
-            # member is considered dead and its partitions move.
-            max_poll_interval_ms=max_poll_interval_ms,
-        )
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, enable_idempotence=True, acks="all"
-        )
+        self.bootstrap = bootstrap
+        self.group = group
+        self.max_poll_interval_ms = max_poll_interval_ms
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self.totals = ChunkReport()
@@ -95,6 +85,20 @@ class KafkaSource:
     async def start(self) -> None:
         if self._task is not None:
             return
+        # Clients are made here, not in __init__: aiokafka binds them to the running loop.
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self.max_records,
+            # A store outage holds a chunk (with backoff) for up to this long before the
+            # member is considered dead and its partitions move.
+            max_poll_interval_ms=self.max_poll_interval_ms,
+        )
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, enable_idempotence=True, acks="all"
+        )
         await self.producer.start()
         self.consumer.subscribe([self.topic], listener=_DrainOnRevoke(self._busy))
         await self.consumer.start()

@@ -137,6 +137,10 @@ class VectorStore(Protocol):
 
     async def count(self, collection: str) -> int: ...
 
+    async def describe(self, collection: str) -> CollectionSpec:
+        """What an existing collection holds; ``CollectionNotFound`` if there is none."""
+        ...
+
     async def retrieve(self, collection: str, ids: Sequence[str]) -> list[Point]:
         """Stored points with vectors, in the order asked; missing ids are left out."""
         ...

@@ -129,6 +129,10 @@ class EdgeStore:
     async def count(self, collection: str) -> int:
         return await self._run(self._count, check_collection_name(collection))
 
+    async def describe(self, collection: str) -> CollectionSpec:
+        """What an existing collection holds (``CollectionNotFound`` if none)."""
+        return await self._run(self._describe, check_collection_name(collection))
+
     async def retrieve(self, collection: str, ids: Sequence[str]) -> list[Point]:
         return await self._run(self._retrieve, check_collection_name(collection), check_ids(ids))
 
@@ -227,6 +231,9 @@ class EdgeStore:
         with _classified(collection):
             found = shard.query(request)
         return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in found]
+
+    def _describe(self, collection: str) -> CollectionSpec:
+        return self._shard(collection)[1]
 
     def _count(self, collection: str) -> int:
         shard, _ = self._shard(collection)

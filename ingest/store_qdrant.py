@@ -206,6 +206,14 @@ class QdrantStore:
         if self._closed:
             raise StoreError("the vector store is closed")
 
+    async def describe(self, collection: str) -> CollectionSpec:
+        """What an existing collection holds (``CollectionNotFound`` if none); read
+        fresh, since another writer may have created it."""
+        check_collection_name(collection)
+        self._check_open()
+        with _classified(collection):
+            return await self._describe(collection)
+
     async def _spec(self, collection: str) -> CollectionSpec:
         """The collection's spec: remembered from ``ensure_collection`` or read once."""
         check_collection_name(collection)

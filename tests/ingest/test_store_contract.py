@@ -1,6 +1,7 @@
-"""One contract for every VectorStore: qdrant-client (``:memory:``, and a real server when
-QDRANT_URL is set) and qdrant-edge on disk; then what only the embedded engine promises
-(reopening, surviving SIGKILL, one owner per shard) and what only the client path does."""
+"""One contract for every VectorStore: qdrant-client (``:memory:``, the store server over
+an edge shard, and a real server when QDRANT_URL is set) and qdrant-edge on disk; then what
+only the embedded engine promises (reopening, surviving SIGKILL, one owner per shard) and
+what only the client path does."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from ingest.errors import (
     StoreError,
     StoreUnavailable,
 )
-from ingest.store import STORES, Hit, Point, VectorStore, open_store, point_id
+from ingest.store import STORES, CollectionSpec, Hit, Point, VectorStore, open_store, point_id
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "all-MiniLM-L6-v2"
@@ -35,7 +36,9 @@ DIM = 8
 
 # The contract also runs against a real server when QDRANT_URL (and QDRANT_API_KEY, if
 # the server wants one) is set; none can be installed on the build machines.
-BACKENDS = ["qdrant-memory", "edge"] + (["qdrant-server"] if os.environ.get("QDRANT_URL") else [])
+BACKENDS = ["qdrant-memory", "edge", "qdrant-facade"] + (
+    ["qdrant-server"] if os.environ.get("QDRANT_URL") else []
+)
 
 
 def unit(rng: np.random.Generator, n: int, dim: int = DIM) -> NDArray[np.float32]:
@@ -59,6 +62,8 @@ async def store(
         s = open_store("qdrant", location=":memory:")
     elif kind == "edge":
         s = open_store("edge", data_dir=tmp_path / "vectors")
+    elif kind == "qdrant-facade":  # ingest.store_server, shared by the session
+        s = open_store("qdrant", url=request.getfixturevalue("store_server_url"))
     else:
         s = open_store(
             "qdrant", url=os.environ["QDRANT_URL"], api_key=os.environ.get("QDRANT_API_KEY")
@@ -119,6 +124,15 @@ async def test_creates_on_first_use_and_is_idempotent(store: VectorStore, coll: 
     assert (spec.name, spec.dimension, spec.distance, spec.model) == (coll, DIM, "cosine", MODEL)
     assert await store.ensure_collection(coll, DIM, "cosine", MODEL) == spec
     assert await store.count(coll) == 0
+
+
+async def test_describe_reports_the_collection_or_raises_not_found(
+    store: VectorStore, coll: str
+) -> None:
+    with pytest.raises(CollectionNotFound):
+        await store.describe(coll)
+    await store.ensure_collection(coll, 4, "cosine", "mini")
+    assert await store.describe(coll) == CollectionSpec(coll, 4, "cosine", "mini")
 
 
 async def test_upsert_by_deterministic_id_keeps_one_point_with_the_latest_payload(
