@@ -78,7 +78,9 @@ async def ingest_stack(settings: Settings) -> AsyncIterator[tuple[IngestCore, Ve
     )
     store = configured_store(settings)
     core = IngestCore(
-        QueueEmbedder(queue, bytes_per_token=settings.bytes_per_token),
+        QueueEmbedder(
+            queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
+        ),
         store,
         record_rules(settings, fleet),
     )

@@ -35,7 +35,9 @@ def build_app(settings: Settings) -> FastAPI:
     source: KafkaSource | None = None
     if settings.kafka and settings.topic:
         core = IngestCore(
-            QueueEmbedder(queue, bytes_per_token=settings.bytes_per_token),
+            QueueEmbedder(
+                queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
+            ),
             store,
             record_rules(settings, fleet),
         )

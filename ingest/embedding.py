@@ -31,17 +31,19 @@ class QueueEmbedder:
         deadline_s: float = 600.0,
         bytes_per_token: float = 4.0,
         priority: int = 10,
+        truncate: bool = False,
     ) -> None:
         self.queue = queue
         self.deadline_s = deadline_s
         self.bytes_per_token = bytes_per_token
         self.priority = priority
+        self.truncate = truncate  # False: an over-long document is dead-lettered, not cut
 
     def _job(self, model: str, text: str, now: float) -> EmbedJob:
         return EmbedJob.new(
             model,
             ApiShape.RAW_VECTORS,
-            raw_vectors_body([text]),
+            raw_vectors_body([text], truncate=self.truncate),
             now=now,
             timeout_s=self.deadline_s,
             bytes_per_token=self.bytes_per_token,
