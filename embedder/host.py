@@ -19,7 +19,7 @@ from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.runtimes import Runtime, detect_device, load_runtime
 from embedder.worker import Worker
-from embedder.workqueue import WorkQueue
+from embedder.workqueue import JobPuller
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class ModelHost:
     def __init__(
         self,
         fleet: Fleet,
-        queue: WorkQueue,
+        queue: JobPuller,
         request_limits: RequestLimits,
         *,
         device: Literal["auto", "cpu", "cuda"] = "auto",

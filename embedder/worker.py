@@ -23,7 +23,7 @@ from embedder.codecs import RequestLimits
 from embedder.errors import DeadlineExceeded, FlotillaError, InferenceFailed
 from embedder.execute import BatchReport, LoadedModel, run_batch
 from embedder.jobs import EmbedJob
-from embedder.workqueue import WorkQueue
+from embedder.workqueue import JobPuller
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ IDLE_POLL_S = 0.25  # how often an idle worker rechecks for stop
 class Worker:
     def __init__(
         self,
-        queue: WorkQueue,
+        queue: JobPuller,
         models: Mapping[str, LoadedModel],
         request_limits: RequestLimits,
         *,

@@ -4,7 +4,8 @@ Gateways ``put`` annotated jobs and await the returned future; workers
 ``pull`` up to a token budget when they have capacity and ``complete`` each
 job with its result or error. Nothing pushes work at a worker. The
 in-process queue serves one machine; a Kafka queue spans many behind the
-same protocol.
+same protocol, split in two: the gateway holds a ``JobSubmitter``, the worker a
+``JobPuller``; ``InProcessQueue`` is both.
 """
 
 from __future__ import annotations
@@ -23,11 +24,22 @@ from embedder.jobs import EmbedJob, JobResult
 Outcome = JobResult | FlotillaError
 
 
-class WorkQueue(Protocol):
+class JobSubmitter(Protocol):
+    """The gateway's half: hand a job in, await its outcome."""
+
     async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
         """Enqueue a job; the future resolves with its result or raises its error.
         Cancelling the future withdraws the job."""
         ...
+
+    def depth(self) -> Counter[str]:
+        """Jobs waiting for an outcome, per model (waiting to be pulled, where the queue
+        can tell them apart from running ones)."""
+        ...
+
+
+class JobPuller(Protocol):
+    """The worker's half: take jobs when there is room, deliver each outcome."""
 
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
@@ -41,12 +53,13 @@ class WorkQueue(Protocol):
         ...
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
-        """The ids among ``job_ids`` whose requester gave up."""
+        """The ids among ``job_ids`` nobody needs any more (the requester gave up, or,
+        for a distributed queue, the job was handed to another worker)."""
         ...
 
-    def depth(self) -> Counter[str]:
-        """Jobs waiting to be pulled, per model."""
-        ...
+
+class WorkQueue(JobSubmitter, JobPuller, Protocol):
+    """Both halves in one object: the in-process queue of a single machine."""
 
 
 class InProcessQueue:

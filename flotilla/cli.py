@@ -78,6 +78,31 @@ def serve(settings: Settings) -> None:
 
 @app.command()
 @with_settings
+def gateway(settings: Settings) -> None:
+    """HTTP gateway over the Kafka work queue (--kafka): annotates requests and puts them
+    on --request-topic; `flotilla worker` processes run the models. Loads no model."""
+    from flotilla.distributed import serve_gateway
+
+    if not settings.kafka:
+        raise typer.BadParameter("the gateway needs Kafka", param_hint="'--kafka' / FLOTILLA_KAFKA")
+    serve_gateway(settings)
+
+
+@app.command()
+@with_settings
+def worker(settings: Settings) -> None:
+    """Load the fleet on this device and pull requests from --request-topic (--kafka) as a
+    member of --worker-group, until SIGTERM or Ctrl-C; then finish the jobs in hand,
+    commit and leave the group."""
+    from flotilla.distributed import serve_worker
+
+    if not settings.kafka:
+        raise typer.BadParameter("a worker needs Kafka", param_hint="'--kafka' / FLOTILLA_KAFKA")
+    serve_worker(settings)
+
+
+@app.command()
+@with_settings
 def ingest(
     settings: Settings,
     source: Annotated[

@@ -61,7 +61,8 @@ class Settings(BaseSettings):
     # -- ingestion and the vector store ------------------------------------
     kafka: str | None = Field(
         default=None,
-        description="Kafka bootstrap servers (host:port,...). With --topic, `serve` also ingests.",
+        description="Kafka bootstrap servers (host:port,...). With --topic, `serve` also ingests; "
+        "`gateway` and `worker` share their work queue through it.",
     )
     topic: str | None = Field(default=None, description="Kafka topic of documents to ingest.")
     group: str = Field(
@@ -91,6 +92,42 @@ class Settings(BaseSettings):
         gt=0,
         description="Records per chunk: one commit per chunk. Larger amortizes commits and "
         "fills batches; smaller redelivers less after a crash.",
+    )
+
+    # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
+    request_topic: str = Field(
+        default="flotilla.requests",
+        description="Kafka topic gateways put requests on and workers pull them from.",
+    )
+    request_partitions: int = Field(
+        default=12,
+        gt=0,
+        description="Partitions of --request-topic when flotilla creates it: the most workers "
+        "that can share it. More than workers lets a rebalance spread evenly.",
+    )
+    reply_topic_prefix: str = Field(
+        default="flotilla.replies",
+        description="Each gateway reads its results from <prefix>.<gateway-id>.",
+    )
+    gateway_id: str | None = Field(
+        default=None,
+        description="Names this gateway's reply topic; <hostname>-<port> when unset. Keep it "
+        "stable across restarts (reply topics are not deleted) and unique per gateway.",
+    )
+    worker_group: str = Field(
+        default="flotilla-workers",
+        description="Consumer group of the workers; members share --request-topic's partitions.",
+    )
+    status_topic: str = Field(
+        default="flotilla.workers",
+        description="Topic of worker heartbeats (models loaded); gateways report a model "
+        "ready while some live worker serves it.",
+    )
+    kafka_max_message_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        gt=0,
+        description="Largest request or reply record flotilla produces, and the topic limit "
+        "it sets when creating topics. Replies of many long vectors need the room.",
     )
 
     @field_validator("api_keys", mode="before")

@@ -11,7 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from embedder.errors import FlotillaError
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape
-from embedder.workqueue import WorkQueue
+from embedder.workqueue import JobSubmitter
 from flotilla import __version__
 from flotilla.settings import Settings
 from gateway import metrics
@@ -37,7 +37,7 @@ def _error_body(path: str, exc: FlotillaError) -> dict[str, object]:
 def create_app(
     settings: Settings,
     fleet: Fleet,
-    queue: WorkQueue,
+    queue: JobSubmitter,
     states: ModelStates,
     lifespan: Callable[[FastAPI], object] | None = None,
     store: VectorStore | None = None,

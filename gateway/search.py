@@ -72,8 +72,8 @@ class CollectionSearch:
             search = msgspec.json.decode(body, type=_SearchBody)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise InvalidRequest(
-                f"invalid search body: {exc}; send {{\"query\": str, \"limit\"?: int, "
-                "\"filter\"?: {payload.path: value | [values]}}"
+                f'invalid search body: {exc}; send {{"query": str, "limit"?: int, '
+                '"filter"?: {payload.path: value | [values]}}'
             ) from exc
         if not search.query.strip():
             raise InvalidRequest("'query' must not be empty")

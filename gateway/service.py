@@ -22,7 +22,7 @@ from embedder.errors import (
 )
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, EmbedJob, JobResult
-from embedder.workqueue import WorkQueue
+from embedder.workqueue import JobSubmitter
 from flotilla.settings import Settings
 from gateway import metrics
 from gateway.admission import Admission, RateMeter
@@ -49,7 +49,7 @@ class Gateway:
         self,
         settings: Settings,
         fleet: Fleet,
-        queue: WorkQueue,
+        queue: JobSubmitter,
         states: ModelStates,
         *,
         clock: Callable[[], float] = time.time,

@@ -43,9 +43,7 @@ def tiny_fleet_file(folder: Path, model_dir: Path, name: str = "tiny") -> Path:
         "source": {"path": str(model_dir)},
         "task": "embed",
         "max_tokens": 64,
-        "profiles": {
-            "cpu": {"dtype": "float32", "max_batch_tokens": 4096, "max_wait_ms": 2}
-        },
+        "profiles": {"cpu": {"dtype": "float32", "max_batch_tokens": 4096, "max_wait_ms": 2}},
     }
     path.write_text(yaml.safe_dump({"models": {name: spec}}), encoding="utf-8")
     return path

@@ -1,0 +1,179 @@
+"""Jobs and their outcomes as Kafka records, for the queue over Kafka.
+
+A request record is the raw body as the value with the gateway's annotations
+as headers, so a worker reads the routing fields without touching the body. A
+reply record is the finished response body (or the error message) with the
+timings, or the error's class, status and headers, as headers. Pure functions:
+no client, no clock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+from embedder.errors import FlotillaError
+from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.workqueue import Outcome
+
+Headers = list[tuple[str, bytes]]
+
+ID = "flotilla-id"  # the correlation id: the job's id, on the request and its reply
+# request
+MODEL = "flotilla-model"
+ADAPTER = "flotilla-adapter"
+SHAPE = "flotilla-shape"
+EST_TOKENS = "flotilla-est-tokens"
+DEADLINE = "flotilla-deadline"
+ENQUEUED_AT = "flotilla-enqueued-at"
+PRIORITY = "flotilla-priority"
+REPLY_TO = "flotilla-reply-to"
+# reply
+STATUS = "flotilla-status"  # "ok" or "error"
+PROMPT_TOKENS = "flotilla-prompt-tokens"
+QUEUE_S = "flotilla-queue-s"
+INFERENCE_S = "flotilla-inference-s"
+MEDIA_TYPE = "flotilla-media-type"
+EXTRA_HEADERS = "flotilla-extra-headers"  # JSON object
+ERROR_CODE = "flotilla-error-code"
+HTTP_STATUS = "flotilla-http-status"
+RETRIABLE = "flotilla-retriable"
+ERROR_HEADERS = "flotilla-error-headers"  # JSON object
+
+
+class MalformedRecord(ValueError):
+    """A record without the headers flotilla writes, or with unreadable ones."""
+
+
+def _text(value: str | int | float) -> bytes:
+    # repr() of a float round-trips exactly, so deadlines survive the trip to the bit.
+    return (repr(value) if isinstance(value, float) else str(value)).encode()
+
+
+def _headers(headers: Iterable[tuple[str, bytes]]) -> dict[str, str]:
+    try:
+        return {key: value.decode() for key, value in headers}
+    except UnicodeDecodeError as exc:
+        raise MalformedRecord(f"a header is not UTF-8: {exc}") from None
+
+
+def encode_job(job: EmbedJob, reply_to: str) -> Headers:
+    """The headers of a request record; the value is ``job.body`` itself."""
+    headers = [
+        (ID, job.id.encode()),
+        (MODEL, job.model.encode()),
+        (SHAPE, job.shape.value.encode()),
+        (EST_TOKENS, _text(job.est_tokens)),
+        (DEADLINE, _text(job.deadline)),
+        (ENQUEUED_AT, _text(job.enqueued_at)),
+        (PRIORITY, _text(job.priority)),
+        (REPLY_TO, reply_to.encode()),
+    ]
+    if job.adapter is not None:
+        headers.append((ADAPTER, job.adapter.encode()))
+    return headers
+
+
+def decode_job(headers: Sequence[tuple[str, bytes]], value: bytes | None) -> tuple[EmbedJob, str]:
+    """The job and the topic its reply goes to; ``MalformedRecord`` when it is not one."""
+    fields = _headers(headers)
+    try:
+        job = EmbedJob(
+            id=fields[ID],
+            model=fields[MODEL],
+            shape=ApiShape(fields[SHAPE]),
+            body=value or b"",
+            est_tokens=int(fields[EST_TOKENS]),
+            deadline=float(fields[DEADLINE]),
+            enqueued_at=float(fields[ENQUEUED_AT]),
+            adapter=fields.get(ADAPTER),
+            priority=int(fields.get(PRIORITY, "0")),
+        )
+        return job, fields[REPLY_TO]
+    except KeyError as exc:
+        raise MalformedRecord(f"header {exc.args[0]!r} is missing") from None
+    except ValueError as exc:
+        raise MalformedRecord(f"a header is invalid: {exc}") from None
+
+
+def encode_outcome(job_id: str, outcome: Outcome) -> tuple[bytes, Headers]:
+    """The value and headers of a reply record."""
+    if isinstance(outcome, FlotillaError):
+        return outcome.message.encode(), [
+            (ID, job_id.encode()),
+            (STATUS, b"error"),
+            (ERROR_CODE, outcome.code.encode()),
+            (HTTP_STATUS, _text(outcome.http_status)),
+            (RETRIABLE, b"1" if outcome.retriable else b"0"),
+            (ERROR_HEADERS, json.dumps(outcome.headers).encode()),
+        ]
+    headers = [
+        (ID, job_id.encode()),
+        (STATUS, b"ok"),
+        (PROMPT_TOKENS, _text(outcome.prompt_tokens)),
+        (QUEUE_S, _text(outcome.timings.queue_s)),
+        (INFERENCE_S, _text(outcome.timings.inference_s)),
+        (MEDIA_TYPE, outcome.media_type.encode()),
+    ]
+    if outcome.extra_headers:
+        headers.append((EXTRA_HEADERS, json.dumps(outcome.extra_headers).encode()))
+    return outcome.body, headers
+
+
+def reply_id(headers: Sequence[tuple[str, bytes]]) -> str | None:
+    """The correlation id of a reply record, without decoding the rest."""
+    for key, value in headers:
+        if key == ID:
+            return value.decode(errors="replace")
+    return None
+
+
+def decode_outcome(headers: Sequence[tuple[str, bytes]], value: bytes | None) -> Outcome:
+    """The result, or the error rebuilt as the class the worker raised (same status,
+    code and message), so the client sees what an in-process worker would give it."""
+    fields = _headers(headers)
+    body = value or b""
+    try:
+        if fields[STATUS] == "error":
+            return rebuild_error(
+                code=fields[ERROR_CODE],
+                http_status=int(fields[HTTP_STATUS]),
+                retriable=fields.get(RETRIABLE) == "1",
+                message=body.decode(errors="replace"),
+                headers=json.loads(fields.get(ERROR_HEADERS, "{}")),
+            )
+        return JobResult(
+            body=body,
+            prompt_tokens=int(fields[PROMPT_TOKENS]),
+            timings=Timings(queue_s=float(fields[QUEUE_S]), inference_s=float(fields[INFERENCE_S])),
+            media_type=fields[MEDIA_TYPE],
+            extra_headers=json.loads(fields.get(EXTRA_HEADERS, "{}")),
+        )
+    except KeyError as exc:
+        raise MalformedRecord(f"header {exc.args[0]!r} is missing") from None
+    except ValueError as exc:  # json.JSONDecodeError included
+        raise MalformedRecord(f"a header is invalid: {exc}") from None
+
+
+def _error_classes() -> dict[str, type[FlotillaError]]:
+    """Every FlotillaError subclass defined so far, by code (the first one wins)."""
+    found: dict[str, type[FlotillaError]] = {}
+    stack: list[type[FlotillaError]] = [FlotillaError]
+    while stack:
+        cls = stack.pop(0)
+        found.setdefault(cls.code, cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
+def rebuild_error(
+    *, code: str, http_status: int, retriable: bool, message: str, headers: dict[str, str]
+) -> FlotillaError:
+    cls = _error_classes().get(code, FlotillaError)
+    # Subclasses' constructors differ (Overloaded wants retry_after_s); the base one sets
+    # everything the handler reads: message, headers and the args.
+    error = cls.__new__(cls)
+    FlotillaError.__init__(error, message, headers={str(k): str(v) for k, v in headers.items()})
+    if (cls.code, cls.http_status, cls.retriable) != (code, http_status, retriable):
+        error.code, error.http_status, error.retriable = code, http_status, retriable
+    return error

@@ -1,0 +1,671 @@
+"""The work queue over Kafka, for many machines.
+
+Gateways (``KafkaSubmitter``) produce each job to the request topic: the raw
+body as the value, the annotations as headers (``embedder.kafka_wire``).
+Workers (``KafkaPuller``) form one consumer group over that topic; each pulls
+from what its partitions hold, up to its token budget, and sends every result
+to the reply topic named in the job, where one gateway waits for it.
+
+Delivery is at least once. A worker commits a partition only up to its first
+job whose reply the broker has not acknowledged, so the requests of a worker
+that dies go to the next owner of its partitions; a result may then arrive
+twice, and the gateway keeps the first. A request nobody answers ends at the
+gateway's deadline (504), never in a hang. Cancelling is local to the gateway:
+a withdrawn job may still run and its reply is dropped; a job whose deadline
+has passed when a worker reads it is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaError,
+    MessageSizeTooLargeError,
+)
+from prometheus_client import Counter as MetricCounter
+
+from embedder import kafka_wire as wire
+from embedder.batching import urgency
+from embedder.errors import (
+    DeadlineExceeded,
+    FlotillaError,
+    InferenceFailed,
+    LimitExceeded,
+    NotReady,
+)
+from embedder.jobs import EmbedJob, JobResult
+from embedder.workqueue import Outcome
+
+log = logging.getLogger(__name__)
+
+REPLIES = MetricCounter(
+    "flotilla_kafka_replies",
+    "Replies read by this gateway: 'delivered' to a waiting request, or 'dropped' "
+    "(a duplicate after a redelivery, or its request already gave up).",
+    ["outcome"],
+)
+SKIPPED = MetricCounter(
+    "flotilla_kafka_skipped_requests",
+    "Request records a worker did not run: 'expired' (deadline passed), 'malformed'.",
+    ["reason"],
+)
+
+# Latency over round trips: a fetch waits at most this long on the broker before the
+# client may send the next one (which also picks up newly fetchable partitions).
+FETCH_MAX_WAIT_MS = 5
+# A killed worker's partitions move after the session timeout; 6 s is the broker's
+# default minimum (group.min.session.timeout.ms).
+SESSION_TIMEOUT_MS = 6_000
+HEARTBEAT_INTERVAL_MS = 1_000
+# Done offsets are committed this often: the most a crash redoes, in time.
+COMMIT_INTERVAL_S = 0.1
+# On a rebalance, jobs already handed to the worker get this long to finish before
+# their partitions go (each rebalance pauses the whole group, so keep it short).
+REVOKE_DRAIN_S = 1.0
+# Requests and replies are worthless after their deadline; an hour leaves room to look.
+RETENTION_MS = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    partitions: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+
+
+def short_lived(max_message_bytes: int, retention_ms: int = RETENTION_MS) -> dict[str, str]:
+    return {
+        "max.message.bytes": str(max_message_bytes),
+        "retention.ms": str(retention_ms),
+        # Retention only removes closed segments; roll them as often as they expire.
+        "segment.ms": str(retention_ms),
+    }
+
+
+async def ensure_topics(bootstrap: str, topics: Mapping[str, TopicSpec]) -> None:
+    """Create the topics that do not exist yet (replicated up to 3 times); existing
+    ones are left as they are, whoever made them."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [name for name in topics if name not in existing]
+        if not missing:
+            return
+        brokers = len((await admin.describe_cluster())["brokers"])
+        replicas = max(1, min(3, brokers))
+        response = await admin.create_topics(
+            [
+                NewTopic(
+                    name, topics[name].partitions, replicas, topic_configs=topics[name].configs
+                )
+                for name in missing
+            ]
+        )
+        # aiokafka returns per-topic error codes; 36 is TOPIC_ALREADY_EXISTS (a race with
+        # another gateway or worker creating it at the same time).
+        failed = [
+            (name, code, msg) for name, code, msg in response.topic_errors if code not in (0, 36)
+        ]
+        if failed:
+            raise NotReady(f"could not create Kafka topics: {failed}")
+    finally:
+        await admin.close()
+
+
+def watch(task: asyncio.Task[None]) -> asyncio.Task[None]:
+    """Log a background task that dies of a bug: no loop stops silently."""
+
+    def crashed(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task %s died", task.get_name(), exc_info=task.exception())
+
+    task.add_done_callback(crashed)
+    return task
+
+
+class Lifecycle:
+    """``async with`` over ``start``/``stop``."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+# -- the gateway's half ---------------------------------------------------------------
+
+
+class KafkaSubmitter(Lifecycle):
+    """``put`` produces the job and returns a future; a reader of this gateway's own
+    single-partition reply topic resolves it."""
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        request_topic: str,
+        reply_topic: str,
+        request_partitions: int = 12,
+        max_message_bytes: int = 16 * 1024 * 1024,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.request_topic = request_topic
+        self.reply_topic = reply_topic
+        self.request_partitions = request_partitions
+        self.max_message_bytes = max_message_bytes
+        self.clock = clock
+        self.dropped_replies = 0
+        self._waiters: dict[str, tuple[asyncio.Future[JobResult], str]] = {}
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        limits = short_lived(self.max_message_bytes)
+        await ensure_topics(
+            self.bootstrap,
+            {
+                self.request_topic: TopicSpec(self.request_partitions, limits),
+                self.reply_topic: TopicSpec(1, limits),
+            },
+        )
+        # Clients are made here, not in __init__: aiokafka binds them to the running loop.
+        # acks=1 and no idempotence: a request lost in a leader failover ends in a 504 the
+        # client retries, and a duplicate only costs a forward pass (the reply is deduped).
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks=1,
+            linger_ms=0,
+            max_request_size=self.max_message_bytes,
+        )
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=None,  # this gateway alone reads its reply topic
+            enable_auto_commit=False,
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            max_partition_fetch_bytes=self.max_message_bytes,
+        )
+        await self._producer.start()
+        await self._consumer.start()
+        partition = TopicPartition(self.reply_topic, 0)
+        self._consumer.assign([partition])
+        await self._consumer.seek_to_end(partition)
+        # Resolve the position now: a reply written before it would be skipped.
+        await self._consumer.position(partition)
+        self._task = watch(asyncio.create_task(self._read_replies(), name="kafka-replies"))
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        for future, _ in list(self._waiters.values()):
+            if not future.done():
+                future.set_exception(NotReady("the gateway is shutting down"))
+        assert self._consumer is not None and self._producer is not None
+        await self._consumer.stop()
+        await self._producer.stop()
+
+    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+        if self._producer is None or self._task is None:
+            raise NotReady("the Kafka work queue is not started")
+        if job.id in self._waiters:
+            raise ValueError(f"job id {job.id!r} is already queued")
+        future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        self._waiters[job.id] = (future, job.model)
+        future.add_done_callback(functools.partial(self._forget, job.id))
+        try:
+            # Waiting for metadata or buffer room counts against the request's deadline.
+            async with asyncio.timeout(max(0.0, job.deadline - self.clock())):
+                delivery = await self._producer.send(
+                    self.request_topic,
+                    value=job.body,
+                    headers=wire.encode_job(job, self.reply_topic),
+                )
+        except TimeoutError:
+            future.cancel()
+            raise DeadlineExceeded(
+                "the work queue (Kafka) did not take the request in time"
+            ) from None
+        except MessageSizeTooLargeError:
+            future.cancel()
+            raise LimitExceeded(
+                f"the request is over {self.max_message_bytes} bytes, the largest Kafka record "
+                "flotilla sends: split it, or raise --kafka-max-message-bytes"
+            ) from None
+        except KafkaError as exc:
+            future.cancel()
+            raise NotReady(f"the work queue (Kafka) refused the request: {exc!r}") from exc
+        delivery.add_done_callback(functools.partial(self._sent, future))
+        return future
+
+    @staticmethod
+    def _sent(future: asyncio.Future[JobResult], delivery: asyncio.Future[object]) -> None:
+        error = delivery.exception() if not delivery.cancelled() else asyncio.CancelledError()
+        if error is not None and not future.done():
+            future.set_exception(NotReady(f"the work queue (Kafka) lost the request: {error!r}"))
+
+    def _forget(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
+        entry = self._waiters.get(job_id)
+        if entry is not None and entry[0] is future:
+            del self._waiters[job_id]
+
+    def depth(self) -> Counter[str]:
+        """This gateway's jobs without a reply yet, per model (queued or running: a
+        gateway cannot tell which)."""
+        return Counter(model for _, model in self._waiters.values())
+
+    async def _read_replies(self) -> None:
+        assert self._consumer is not None
+        while True:
+            try:
+                batches = await self._consumer.getmany(timeout_ms=1_000)
+            except KafkaError:
+                # Requests keep their deadlines meanwhile: none hangs past it.
+                log.exception("reading replies from %s failed; retrying", self.reply_topic)
+                await asyncio.sleep(1.0)
+                continue
+            for records in batches.values():
+                for record in records:
+                    self._resolve(record)
+
+    def _resolve(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        headers = list(record.headers)
+        entry = self._waiters.pop(wire.reply_id(headers) or "", None)
+        if entry is None or entry[0].done():
+            self.dropped_replies += 1
+            REPLIES.labels("dropped").inc()
+            return
+        future = entry[0]
+        try:
+            outcome = wire.decode_outcome(headers, record.value)
+        except wire.MalformedRecord as exc:
+            outcome = InferenceFailed(f"the worker's reply could not be read: {exc}")
+        if isinstance(outcome, FlotillaError):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+        REPLIES.labels("delivered").inc()
+
+
+# -- the worker's half ----------------------------------------------------------------
+
+
+@dataclass(slots=True, eq=False)
+class _Partition:
+    """One assigned partition: what was read and what is still owed a reply. Replaced by
+    a fresh object on every assignment, so work from before a rebalance cannot move it."""
+
+    outstanding: set[int] = field(default_factory=set)
+    read_to: int | None = None  # offset after the last record read
+    committed: int | None = None
+
+    def commit_point(self) -> int | None:
+        return min(self.outstanding) if self.outstanding else self.read_to
+
+
+@dataclass(slots=True)
+class _Held:
+    """A job this worker has read and not yet answered."""
+
+    reply_to: str
+    tp: TopicPartition
+    partition: _Partition
+    offset: int
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, puller: KafkaPuller) -> None:
+        self.puller = puller
+
+    async def on_partitions_revoked(self, revoked: Sequence[TopicPartition]) -> None:
+        await self.puller._revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        self.puller._assigned(assigned)
+
+
+class KafkaPuller(Lifecycle):
+    """A member of the workers' consumer group; the worker's ``JobPuller``.
+
+    Only ``pull`` reads from Kafka, and only while the buffer is under the budget asked
+    for, so a busy worker leaves its backlog in its partitions. Offsets are committed
+    every ``COMMIT_INTERVAL_S`` up to the first job without an acknowledged reply.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap: str,
+        topic: str,
+        group: str,
+        partitions: int = 12,
+        max_message_bytes: int = 16 * 1024 * 1024,
+        max_poll_records: int = 64,
+        session_timeout_ms: int = SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms: int = HEARTBEAT_INTERVAL_MS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.group = group
+        self.partitions = partitions
+        self.max_message_bytes = max_message_bytes
+        self.max_poll_records = max_poll_records
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.clock = clock
+        self.skipped_expired = 0
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._committer: asyncio.Task[None] | None = None
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._held: dict[str, _Held] = {}
+        self._buffer: list[EmbedJob] = []
+        self._replies: set[asyncio.Task[None]] = set()
+        self._released = asyncio.Event()  # set whenever a job leaves _held
+        self._rebalancing = False  # pull hands out nothing while partitions move
+        self._draining = False  # nor after drain()
+        self._abandoned = False  # after drain() ran out of time: nothing more is answered
+
+    async def start(self) -> None:
+        if self._consumer is not None:
+            return
+        await ensure_topics(
+            self.bootstrap,
+            {self.topic: TopicSpec(self.partitions, short_lived(self.max_message_bytes))},
+        )
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group,
+            enable_auto_commit=False,
+            # A new group starts at the oldest request: jobs still in their deadline run,
+            # older ones are skipped unread (their headers say they expired).
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            max_partition_fetch_bytes=self.max_message_bytes,
+            max_poll_records=self.max_poll_records,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+        )
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap,
+            acks=1,
+            linger_ms=0,
+            max_request_size=self.max_message_bytes,
+        )
+        await self._producer.start()
+        self._consumer.subscribe([self.topic], listener=_Rebalance(self))
+        await self._consumer.start()
+        self._committer = watch(asyncio.create_task(self._commit_loop(), name="kafka-commits"))
+
+    async def stop(self) -> None:
+        """Commit what is answered and leave the group (its partitions move at once).
+        Call ``drain`` first to finish the work in hand."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        self._draining = True
+        if self._committer is not None:
+            self._committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._committer
+        if self._replies:
+            await asyncio.wait(set(self._replies), timeout=10.0)
+        await self._commit(consumer)
+        self._partitions.clear()  # leaving revokes them; nothing left to commit there
+        await consumer.stop()
+        assert self._producer is not None
+        await self._producer.stop()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop handing out jobs and wait until the worker has answered those it has.
+        Jobs read but not handed out stay uncommitted, for the next owner; so do the
+        jobs still unanswered after ``timeout_s``, which are then abandoned (their
+        answers are dropped). Returns how many were abandoned."""
+        self._draining = True
+        self._drop_buffered(lambda held: True)
+        deadline = time.monotonic() + timeout_s
+        await self._until(lambda: not self._held, deadline)
+        if self._replies:
+            await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
+        self._abandoned = True
+        return len(self._held)
+
+    # -- JobPuller ---------------------------------------------------------------------
+
+    async def pull(
+        self, models: Collection[str], max_tokens: int, timeout_s: float
+    ) -> list[EmbedJob]:
+        if self._consumer is None or self._rebalancing or self._draining:
+            await asyncio.sleep(timeout_s)
+            return []
+        if not self._buffer:
+            await self._fetch(self._consumer, timeout_s)
+        elif sum(job.est_tokens for job in self._buffer) < max_tokens:
+            await self._fetch(self._consumer, 0.0)  # top up with what has arrived
+        if self._rebalancing or self._draining:  # began while fetching; the buffer is gone
+            return []
+        foreign = [job for job in self._buffer if job.model not in models]
+        for job in foreign:
+            # All members of one group should serve one fleet; a model that failed to load
+            # here gets a clear, retriable error rather than a 504.
+            await self.complete(
+                job.id, NotReady(f"the worker that took this request does not serve {job.model!r}")
+            )
+        self._buffer = sorted((job for job in self._buffer if job.model in models), key=urgency)
+        taken: list[EmbedJob] = []
+        tokens = 0
+        for job in self._buffer:
+            if taken and tokens + job.est_tokens > max_tokens:
+                break
+            taken.append(job)
+            tokens += job.est_tokens
+        del self._buffer[: len(taken)]
+        return taken
+
+    async def complete(self, job_id: str, outcome: Outcome) -> None:
+        held = self._held.pop(job_id, None)
+        if held is None or self._abandoned:
+            return
+        self._released.set()
+        # Sending in a task: a reply topic whose gateway is gone makes the producer wait for
+        # metadata, and the worker must not wait with it.
+        task = watch(
+            asyncio.create_task(self._reply(held, job_id, outcome), name=f"reply-{job_id}")
+        )
+        self._replies.add(task)
+        task.add_done_callback(self._replies.discard)
+
+    def cancelled(self, job_ids: Iterable[str]) -> set[str]:
+        """Jobs this worker no longer answers for: unknown, abandoned, or read from a
+        partition that has since moved (its next owner runs them)."""
+        gone: set[str] = set()
+        for job_id in job_ids:
+            held = self._held.get(job_id)
+            if held is None or self._abandoned:
+                gone.add(job_id)
+            elif self._partitions.get(held.tp) is not held.partition:
+                del self._held[job_id]
+                gone.add(job_id)
+                self._released.set()
+        return gone
+
+    def in_hand(self) -> int:
+        """Jobs read and not yet answered (buffered or handed to the worker)."""
+        return len(self._held)
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def _fetch(self, consumer: AIOKafkaConsumer, timeout_s: float) -> None:
+        try:
+            batches = await consumer.getmany(
+                timeout_ms=int(timeout_s * 1e3), max_records=self.max_poll_records
+            )
+        except KafkaError:
+            log.exception("fetching requests from %s failed", self.topic)
+            await asyncio.sleep(timeout_s)
+            return
+        now = self.clock()
+        for tp, records in batches.items():
+            partition = self._partitions.get(tp)
+            if partition is None:
+                continue  # revoked meanwhile: the next owner reads these again
+            for record in records:
+                partition.read_to = record.offset + 1
+                self._admit(tp, partition, record, now)
+
+    def _admit(
+        self,
+        tp: TopicPartition,
+        partition: _Partition,
+        record: ConsumerRecord[bytes, bytes],
+        now: float,
+    ) -> None:
+        try:
+            job, reply_to = wire.decode_job(list(record.headers), record.value)
+        except wire.MalformedRecord as exc:
+            log.warning("skipping request %s@%d: %s", tp, record.offset, exc)
+            SKIPPED.labels("malformed").inc()
+            return
+        if job.deadline <= now:  # its gateway has answered 504 already
+            self.skipped_expired += 1
+            SKIPPED.labels("expired").inc()
+            return
+        held = self._held.get(job.id)
+        if held is not None and self._partitions.get(held.tp) is held.partition:
+            return  # the same request twice (a producer retry): it is in hand already
+        partition.outstanding.add(record.offset)
+        if held is not None:
+            # Read again after a rebalance while the worker still has it: its answer now
+            # settles this copy's offset.
+            held.tp, held.partition, held.offset = tp, partition, record.offset
+            return
+        self._held[job.id] = _Held(reply_to, tp, partition, record.offset)
+        self._buffer.append(job)
+
+    # -- answering and committing ------------------------------------------------------
+
+    async def _reply(self, held: _Held, job_id: str, outcome: Outcome) -> None:
+        assert self._producer is not None
+        value, headers = wire.encode_outcome(job_id, outcome)
+        try:
+            try:
+                delivery = await self._producer.send(held.reply_to, value=value, headers=headers)
+            except MessageSizeTooLargeError:
+                error = LimitExceeded(
+                    f"the response is over {self.max_message_bytes} bytes, the largest Kafka "
+                    "record flotilla sends: ask for fewer inputs, or raise "
+                    "--kafka-max-message-bytes"
+                )
+                value, headers = wire.encode_outcome(job_id, error)
+                delivery = await self._producer.send(held.reply_to, value=value, headers=headers)
+            await delivery
+        except KafkaError as exc:
+            # Not retried: its gateway is gone or the broker is failing, and the request's
+            # deadline answers the client either way.
+            log.warning("reply to %s for %s failed: %r", held.reply_to, job_id, exc)
+        finally:
+            self._settle(held)
+
+    def _settle(self, held: _Held) -> None:
+        if self._partitions.get(held.tp) is held.partition:
+            held.partition.outstanding.discard(held.offset)
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await asyncio.sleep(COMMIT_INTERVAL_S)
+            if self._consumer is not None:
+                await self._commit(self._consumer)
+
+    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
+        due: dict[TopicPartition, tuple[_Partition, int]] = {}
+        for tp, partition in self._partitions.items():
+            point = partition.commit_point()
+            if point is not None and (partition.committed is None or point > partition.committed):
+                due[tp] = (partition, point)
+        if not due:
+            return
+        try:
+            await consumer.commit({tp: point for tp, (_, point) in due.items()})
+        except (CommitFailedError, IllegalStateError) as exc:
+            log.info("commit skipped, the group is rebalancing: %s", exc)
+            return
+        except KafkaError:
+            log.exception("commit failed; retrying with the next one")
+            return
+        for partition, point in due.values():
+            partition.committed = point
+
+    def _drop_buffered(self, which: Callable[[_Held], bool]) -> None:
+        keep: list[EmbedJob] = []
+        for job in self._buffer:
+            if which(self._held[job.id]):
+                del self._held[job.id]
+            else:
+                keep.append(job)
+        self._buffer = keep
+        self._released.set()
+
+    async def _until(self, done: Callable[[], bool], deadline: float) -> None:
+        """Wait until ``done()`` (checked each time a job leaves _held) or the deadline."""
+        while not done() and (remaining := deadline - time.monotonic()) > 0:
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), remaining)
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        self._rebalancing = True
+        self._drop_buffered(lambda held: held.tp in revoked)
+        deadline = time.monotonic() + REVOKE_DRAIN_S
+        await self._until(lambda: all(h.tp not in revoked for h in self._held.values()), deadline)
+        if self._replies:  # answered, but the broker has not acknowledged every reply yet
+            await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
+        if self._consumer is not None:
+            await self._commit(self._consumer)
+        for tp in revoked:
+            self._partitions.pop(tp, None)
+
+    def _assigned(self, assigned: Sequence[TopicPartition]) -> None:
+        for tp in assigned:
+            self._partitions[tp] = _Partition()
+        self._rebalancing = False
+        log.info("assigned %s", sorted(tp.partition for tp in assigned))

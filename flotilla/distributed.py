@@ -1,0 +1,164 @@
+"""Wiring for many machines: `flotilla gateway` (HTTP in front of the Kafka work queue,
+no models) and `flotilla worker` (the fleet on this device, pulling from that queue).
+
+The gateway is torch-free; a worker imports torch only when its models load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import socket
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI
+
+from embedder.fleet import load_fleet
+from embedder.host import ModelHost, RuntimeLoader
+from embedder.runtimes import load_runtime
+from embedder.workqueue_kafka import KafkaPuller, KafkaSubmitter
+from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
+from flotilla.ingest import configured_store, request_limits
+from flotilla.settings import Settings
+from gateway.app import create_app
+
+log = logging.getLogger(__name__)
+
+# How long a stopping worker waits for the jobs it holds; what is left goes back to the
+# group uncommitted. Orchestrators wait longer than this before they SIGKILL (k8s: 30 s).
+DRAIN_S = 10.0
+
+
+def _topic_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)  # the characters Kafka allows in names
+
+
+def reply_topic(settings: Settings) -> str:
+    gateway_id = settings.gateway_id or f"{socket.gethostname()}-{settings.port}"
+    return f"{settings.reply_topic_prefix}.{_topic_safe(gateway_id)}"
+
+
+def _bootstrap(settings: Settings) -> str:
+    if not settings.kafka:
+        raise SystemExit("the distributed queue needs --kafka BOOTSTRAP (FLOTILLA_KAFKA)")
+    return settings.kafka
+
+
+def _logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def build_gateway_app(settings: Settings) -> FastAPI:
+    bootstrap = _bootstrap(settings)
+    fleet = load_fleet(settings.fleet)
+    submitter = KafkaSubmitter(
+        bootstrap=bootstrap,
+        request_topic=settings.request_topic,
+        reply_topic=reply_topic(settings),
+        request_partitions=settings.request_partitions,
+        max_message_bytes=settings.kafka_max_message_bytes,
+    )
+    status = FleetStatus(bootstrap=bootstrap, topic=settings.status_topic)
+    # Search needs a store every process can reach: the Qdrant server, not the embedded one.
+    store = configured_store(settings) if settings.store == "qdrant" else None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(submitter)
+            await stack.enter_async_context(status)
+            if store is not None:
+                await stack.enter_async_context(store)
+            log.info("gateway: requests to %s, replies on %s", submitter.request_topic,
+                     submitter.reply_topic)  # fmt: skip
+            yield
+
+    app = create_app(settings, fleet, submitter, status, lifespan=lifespan, store=store)
+    app.state.submitter = submitter
+    app.state.fleet_status = status
+    return app
+
+
+def serve_gateway(settings: Settings) -> None:
+    _logging(settings)
+    uvicorn.run(
+        build_gateway_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
+
+
+async def run_worker(
+    settings: Settings, stop: asyncio.Event | None = None, loader: RuntimeLoader = load_runtime
+) -> None:
+    """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
+    finish the jobs in hand, commit and leave the group."""
+    bootstrap = _bootstrap(settings)
+    fleet = load_fleet(settings.fleet)
+    puller = KafkaPuller(
+        bootstrap=bootstrap,
+        topic=settings.request_topic,
+        group=settings.worker_group,
+        partitions=settings.request_partitions,
+        max_message_bytes=settings.kafka_max_message_bytes,
+    )
+    host = ModelHost(
+        fleet,
+        puller,
+        request_limits(settings),
+        device=settings.device,
+        threads=settings.threads,
+        loader=loader,
+    )
+    heartbeat = WorkerHeartbeat(
+        bootstrap=bootstrap,
+        topic=settings.status_topic,
+        worker_id=f"{socket.gethostname()}-{os.getpid()}",
+        models=list(fleet.models),
+        states=host,
+    )
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await host.start()
+        loading = asyncio.ensure_future(host.wait_ready())
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not loading.done():
+            loading.cancel()
+            return
+        loading.result()
+        if not host.loaded:
+            raise SystemExit(f"no model could be loaded: {host.failed}")
+        # Join the group only now: partitions assigned to a member still loading would
+        # hold their requests until it is done.
+        await puller.start()
+        await heartbeat.start()
+        log.info("worker: serving %s from %s", sorted(host.loaded), settings.request_topic)
+        await stop.wait()
+        log.info("worker: stopping; finishing the jobs in hand")
+        await heartbeat.stop()
+        if abandoned := await puller.drain(DRAIN_S):
+            log.warning("worker: %d jobs unfinished after %.0f s go back", abandoned, DRAIN_S)
+    finally:
+        await heartbeat.stop()
+        await host.stop()
+        await puller.stop()
+
+
+def serve_worker(settings: Settings) -> None:
+    _logging(settings)
+    asyncio.run(run_worker(settings))

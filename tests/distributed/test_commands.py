@@ -1,0 +1,74 @@
+"""`flotilla gateway` and `flotilla worker`: their flags and settings, the refusal without
+--kafka, and imports that keep torch out of the gateway."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+import flotilla.distributed
+from flotilla.cli import app
+from flotilla.distributed import reply_topic
+from flotilla.settings import Settings
+from tests.gateway.test_no_torch import heavy_modules_after
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("FLOTILLA_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Settings]]:
+    """The commands record what they would run, instead of running it."""
+    calls: list[tuple[str, Settings]] = []
+    monkeypatch.setattr(flotilla.distributed, "serve_gateway", lambda s: calls.append(("gw", s)))
+    monkeypatch.setattr(flotilla.distributed, "serve_worker", lambda s: calls.append(("wk", s)))
+    return calls
+
+
+@pytest.mark.parametrize("command", ["gateway", "worker"])
+def test_every_setting_is_a_flag(command: str) -> None:
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    for name in Settings.model_fields:
+        assert f"--{name.replace('_', '-')}" in result.output, name
+
+
+@pytest.mark.parametrize("command", ["gateway", "worker"])
+def test_refused_without_kafka(command: str, started: list[tuple[str, Settings]]) -> None:
+    result = CliRunner().invoke(app, [command])
+    assert result.exit_code == 2
+    assert "--kafka" in result.output
+    assert started == []
+
+
+def test_flags_and_environment_reach_the_commands(started: list[tuple[str, Settings]]) -> None:
+    env = {"FLOTILLA_KAFKA": "k1:9092", "FLOTILLA_WORKER_GROUP": "gpu-pool"}
+    flags = ["--request-topic", "reqs", "--request-partitions", "24", "--gateway-id", "gw-a"]
+    assert CliRunner().invoke(app, ["gateway", *flags], env=env).exit_code == 0
+    assert CliRunner().invoke(app, ["worker", "--kafka", "k2:9092"], env=env).exit_code == 0
+    (_, gw), (_, wk) = started
+    assert (gw.kafka, gw.request_topic, gw.request_partitions) == ("k1:9092", "reqs", 24)
+    assert reply_topic(gw) == "flotilla.replies.gw-a"
+    assert (wk.kafka, wk.worker_group, wk.request_topic) == (
+        "k2:9092",
+        "gpu-pool",
+        "flotilla.requests",
+    )
+
+
+def test_reply_topic_defaults_to_host_and_port_in_kafka_characters() -> None:
+    topic = reply_topic(Settings(gateway_id="pod/7 ä", port=9000))
+    assert topic == "flotilla.replies.pod-7--"
+    assert reply_topic(Settings(port=9001)).endswith("-9001")
+
+
+def test_the_distributed_gateway_imports_leave_torch_out() -> None:
+    modules = ("flotilla.distributed", "embedder.workqueue_kafka", "flotilla.heartbeat")
+    assert heavy_modules_after(*modules) == []
