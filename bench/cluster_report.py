@@ -1,0 +1,200 @@
+"""Tables, plots and JSON for ``bench.cluster_sim``'s results (a dict, as written)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.cluster_sim import POLICIES, VIEW_POLICIES
+
+
+def _find(rows: list[dict[str, Any]], **wanted: object) -> dict[str, Any] | None:
+    return next((r for r in rows if all(r.get(k) == v for k, v in wanted.items())), None)
+
+
+def _slug(target: str) -> str:
+    return "p99-" + target.replace("x batch", "x").replace(" ms", "ms").replace(".", "_")
+
+
+def tables(data: dict[str, Any]) -> str:
+    """Per workload and p99 target: pull's max load and busy share, then pull/push."""
+    plan, facts = data["plan"], data["workloads"]
+    staleness = [float(r) for r in plan["staleness_ms"]]
+    out: list[str] = [f"cost model: {data['cost_model']['label']}"]
+    if plan["routers"] > 1:
+        out.append(f"{plan['routers']} independent push routers")
+    for name in plan["workloads"]:
+        f = facts[name]
+        for target, target_ms in f["p99_targets_ms"].items():
+            out.append(
+                f"\n== {name}, p99 target {target_ms:,.0f} ms ({target}): a full batch is "
+                f"{f['full_batch_requests']:.0f} requests in {f['full_batch_ms']:,.0f} ms; "
+                f"capacity {f['capacity_requests_per_s_per_worker']:,.1f} requests/s per worker"
+            )
+            out.append(_target_table(data, name, target, staleness))
+    out.append(
+        "\ncells: pull's max load / push's max load at the p99 target (push's max load, its "
+        "busy share); rr does not read the view, so its cells repeat across R"
+    )
+    if data["sweep"]:
+        out.append(
+            f"\n== offered load sweep: {plan['sweep_workers']} workers, "
+            f"R={plan['sweep_staleness_ms']:g} ms; cells: p99 ms / busy share"
+        )
+        for name in plan["workloads"]:
+            rows: list[list[object]] = []
+            for load in plan["sweep_loads"]:
+                cells: list[object] = []
+                for policy in plan["policies"]:
+                    r = _find(data["sweep"], workload=name, policy=policy, load=load)
+                    p99 = "-" if r is None or r["p99_s"] is None else f"{r['p99_s'] * 1e3:,.0f}"
+                    cells.append("-" if r is None else f"{p99} / {r['utilization']:.2f}")
+                rows.append([name, load, *cells])
+            out.append(report.table(["workload", "load", *plan["policies"]], rows))
+    return "\n".join(out)
+
+
+def _target_table(data: dict[str, Any], name: str, target: str, staleness: list[float]) -> str:
+    plan = data["plan"]
+    rows: list[list[object]] = []
+    for workers in plan["workers"]:
+        key = {"workload": name, "target": target, "workers": workers}
+        pull = _find(data["max_load"], policy="pull", **key)
+        if pull is not None:
+            util = pull.get("utilization") or math.nan
+            cell = f"{pull['max_load']:.2f} (busy {util:.2f})"
+            rows.append([workers, "pull max load", *[cell] * len(staleness)])
+        for policy in [p for p in plan["policies"] if p != "pull"]:
+            cells: list[object] = []
+            for r_ms in staleness:
+                at = r_ms if policy in VIEW_POLICIES else 0.0
+                row = _find(data["ratios"], policy=policy, staleness_ms=at, **key)
+                if row is None:
+                    cells.append("-")
+                    continue
+                busy = row["push_utilization"]
+                cells.append(
+                    f"{row['pull_over_push']:.2f}x ({row['push_max_load']:.2f}, "
+                    + ("-" if busy is None else f"{busy:.2f}")
+                    + ")"
+                )
+            rows.append([workers, f"pull/{policy}", *cells])
+    return report.table(["workers", "", *[f"R={r:g} ms" for r in staleness]], rows)
+
+
+def plots(data: dict[str, Any], out_dir: Path, prefix: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plan = data["plan"]
+    names, workers = plan["workloads"], plan["workers"]
+    colors = {p: f"C{i}" for i, p in enumerate(POLICIES)}
+    note = (
+        " (HYPOTHETICAL gpu-like costs)" if data["cost_model"]["source"] == "hypothetical" else ""
+    )
+    written: list[Path] = []
+    targets = list(data["workloads"][names[0]]["p99_targets_ms"])
+    for target in targets:
+        fig, axes = plt.subplots(
+            len(names),
+            len(workers),
+            figsize=(3.0 * len(workers), 2.4 * len(names)),
+            squeeze=False,
+            sharex=True,
+            sharey=True,
+        )
+        for i, name in enumerate(names):
+            for j, w in enumerate(workers):
+                ax = axes[i][j]
+                for policy in plan["policies"]:
+                    rows = [
+                        r
+                        for r in data["max_load"]
+                        if (r["workload"], r["target"], r["workers"], r["policy"])
+                        == (name, target, w, policy)
+                    ]
+                    if not rows:
+                        continue
+                    xs = [float(x) for x in plan["staleness_ms"]]
+                    if policy in VIEW_POLICIES:
+                        xs = [r["staleness_ms"] for r in rows]
+                        ys = [r["max_load"] for r in rows]
+                    else:
+                        ys = [rows[0]["max_load"]] * len(xs)
+                    style = "-" if policy == "pull" else "--" if policy == "rr" else "-o"
+                    ax.plot(xs, ys, style, color=colors[policy], label=policy, markersize=3)
+                ax.set_xscale("symlog", linthresh=5)
+                ax.set_ylim(0, 1.05)
+                ax.set_title(f"{name}, {w} workers", fontsize=8)
+                ax.tick_params(labelsize=7)
+                if i == len(names) - 1:
+                    ax.set_xlabel("staleness R (ms)", fontsize=8)
+                if j == 0:
+                    ax.set_ylabel("max load at p99 target", fontsize=8)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(
+            f"highest offered load (share of capacity) with p99 under {target}{note}", fontsize=10
+        )
+        fig.tight_layout()
+        path = out_dir / f"{prefix}_staleness_{_slug(target)}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+
+    if not data["sweep"]:
+        return written
+    for key, ylabel, suffix in (
+        ("utilization", "busy share of the workers", "utilization"),
+        ("p99_s", "p99 latency (ms)", "p99"),
+    ):
+        fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False)
+        for j, name in enumerate(names):
+            ax = axes[0][j]
+            for policy in plan["policies"]:
+                rows = [r for r in data["sweep"] if (r["workload"], r["policy"]) == (name, policy)]
+                xs = [r["load"] for r in rows if r[key] is not None]
+                ys = [r[key] * (1e3 if key == "p99_s" else 1) for r in rows if r[key] is not None]
+                ax.plot(xs, ys, "-o", color=colors[policy], label=policy, markersize=3)
+            if key == "p99_s":
+                ax.set_yscale("log")
+                first = next(iter(data["workloads"][name]["p99_targets_ms"].values()))
+                ax.axhline(first, color="k", ls=":", lw=1)
+            else:
+                ax.plot([0, 1], [0, 1], color="0.7", lw=0.8, ls=":")
+                ax.set_ylim(0, 1.05)
+            ax.set_title(name, fontsize=9)
+            ax.set_xlabel("offered load (share of capacity)", fontsize=8)
+            ax.tick_params(labelsize=7)
+        axes[0][0].set_ylabel(ylabel, fontsize=8)
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(
+            f"{ylabel} vs offered load: {plan['sweep_workers']} workers, "
+            f"R={plan['sweep_staleness_ms']:g} ms{note}",
+            fontsize=10,
+        )
+        fig.tight_layout()
+        path = out_dir / f"{prefix}_{suffix}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def json_text(data: dict[str, Any]) -> str:
+    """JSON with infinities (an aborted run's latencies) as null."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    return json.dumps(clean(data), indent=1) + "\n"

@@ -1,0 +1,185 @@
+"""Shared output helpers: where results go, what machine they came from, tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def results_dir() -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    return RESULTS
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    found = set(line.split(":", 1)[1].split())
+                    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+                    return [flag for flag in wanted if flag in found]
+    except OSError:
+        pass
+    return []
+
+
+def machine(threads: int) -> dict[str, Any]:
+    """What the numbers depend on: CPU, cores, threads and library versions."""
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cores": os.cpu_count(),
+        "threads": threads,
+        "python": platform.python_version(),
+    }
+    for name in ("torch", "transformers", "sentence_transformers", "tokenizers"):
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        info[name] = getattr(module, "__version__", "?")
+    try:
+        import torch
+
+        info["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return info
+
+
+def write_json(name: str, data: dict[str, Any]) -> Path:
+    path = results_dir() / name
+    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    return path
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile, ``p`` in [0, 100]; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(p / 100 * len(ordered)) - 1))
+    return float(ordered[rank])
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A plain-text table, numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [
+        all(isinstance(row[i], int | float) for row in rows) if rows else False
+        for i in range(len(headers))
+    ]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if num else c.ljust(w)
+            for c, w, num in zip(row, widths, numeric, strict=True)
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule, *(line(row) for row in cells[1:])])
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 1:
+            return f"{value:.2f}"
+        return f"{value:.4f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+# -- CPU accounting ----------------------------------------------------------
+# On a shared machine other tenants' work slows every method; the benchmarks
+# record how busy the CPUs were with work that was not theirs.
+
+
+def _machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            values = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = values[3] + values[4]  # idle + iowait
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of one process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU use of the machine, of our processes and of everything else, over a span."""
+
+    def __init__(self, pids: Sequence[int] = ()) -> None:
+        self.pids = [os.getpid(), *pids]
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float]:
+        busy, total = _machine_cpu_s()
+        return busy, total, sum(process_cpu_s(pid) for pid in self.pids)
+
+    def result(self) -> dict[str, float]:
+        busy, total, ours = self._sample()
+        span = total - self._start[1]
+        if span <= 0:
+            return {}
+        machine_busy = (busy - self._start[0]) / span
+        ours_share = (ours - self._start[2]) / span
+        return {
+            "machine_busy_share": round(machine_busy, 3),
+            "ours_share": round(ours_share, 3),
+            "others_share": round(max(0.0, machine_busy - ours_share), 3),
+        }
+
+
+def wait_for_quiet(max_wait_s: float, threshold: float = 0.10, window_s: float = 3.0) -> float:
+    """Wait until other processes use at most ``threshold`` of the CPU over a window,
+    for up to ``max_wait_s``; returns their share over the last window."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        meter = CpuMeter()
+        time.sleep(window_s)
+        share = meter.result().get("others_share", 0.0)
+        if share <= threshold or time.monotonic() >= deadline:
+            return share
+        print(f"  other processes use {100 * share:.0f}% of the CPU; waiting for quiet")

@@ -1,0 +1,576 @@
+"""Served benchmark: the real server under concurrent clients.
+
+First the engine ceiling: ``load_runtime`` with the fleet's cpu profile,
+tokenize + forward over the benchmark's texts in this process, while no
+server runs. Then ``python -m flotilla serve`` starts as a subprocess on a
+free port of 127.0.0.1 (``FLOTILLA_AUTO_TRUNCATE=true``, so inputs over the
+model's 256 tokens are cut as the engine cuts them) and, once ``/ready``
+answers, an asyncio load generator (aiohttp) sweeps the number of concurrent
+clients. Each client sends ``/v1/embeddings`` requests of 1-8 texts from
+``bench.texts`` back to back (closed loop) for a fixed time or count.
+
+Per concurrency: requests/s, tokens/s (from ``usage.prompt_tokens``), latency
+p50/p90/p99, errors by status, the server's own queue and inference times
+(``x-queue-time``, ``x-inference-time``), and tokens/s as a share of the
+engine ceiling. The load generator shares the CPU with the server: on a
+2-core machine that costs the server some of its throughput.
+
+    python -m bench.served [--concurrency 1,4,16,64] [--duration-s 15] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import gc
+import itertools
+import json
+import math
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from numpy.typing import NDArray
+
+from bench import report, texts
+
+HOST = "127.0.0.1"  # the load generator never targets anything else
+MAX_INPUTS = 8
+
+
+@dataclass
+class Level:
+    concurrency: int
+    elapsed_s: float = 0.0
+    sent: int = 0
+    ok: int = 0
+    tokens: int = 0
+    latencies_s: list[float] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)
+    inference_ms: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    token_mismatches: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def summary(self, ceiling: float) -> dict[str, Any]:
+        ms = [s * 1e3 for s in self.latencies_s]
+        rate = self.tokens / self.elapsed_s if self.elapsed_s else 0.0
+        return {
+            "concurrency": self.concurrency,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "requests": self.sent,
+            "ok": self.ok,
+            "errors": dict(self.errors),
+            "requests_per_s": self.ok / self.elapsed_s if self.elapsed_s else 0.0,
+            "tokens_per_s": rate,
+            "share_of_engine_ceiling": rate / ceiling if ceiling else None,
+            "latency_ms": {
+                "p50": report.percentile(ms, 50),
+                "p90": report.percentile(ms, 90),
+                "p99": report.percentile(ms, 99),
+                "max": max(ms) if ms else float("nan"),
+            },
+            "server_queue_ms_p50": report.percentile(self.queue_ms, 50),
+            "server_inference_ms_p50": report.percentile(self.inference_ms, 50),
+            "token_count_mismatches": self.token_mismatches,
+            "cpu": self.cpu,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The requests, built once: bodies and the tokens each should report."""
+
+    bodies: list[bytes]
+    texts: list[list[str]]
+    tokens: list[int]  # what usage.prompt_tokens should say: inputs cut to the model's limit
+
+
+def plan_requests(
+    corpus: texts.Corpus, model: str, max_tokens: int, count: int, seed: int, encoding: str
+) -> Plan:
+    rng = random.Random(seed)
+    cursor = itertools.cycle(range(len(corpus.texts)))
+    bodies: list[bytes] = []
+    inputs: list[list[str]] = []
+    tokens: list[int] = []
+    for _ in range(count):
+        picked = [next(cursor) for _ in range(rng.randint(1, MAX_INPUTS))]
+        texts_ = [corpus.texts[i] for i in picked]
+        body = {"model": model, "input": texts_, "encoding_format": encoding}
+        bodies.append(json.dumps(body).encode())
+        inputs.append(texts_)
+        tokens.append(sum(min(corpus.lengths[i], max_tokens) for i in picked))
+    return Plan(bodies, inputs, tokens)
+
+
+# -- the engine ceiling ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    tokens_per_s: float  # full server-sized batches: what a saturated worker could reach
+    reps: list[float]
+    one_call_tokens_per_s: float  # every text in one call, sorted globally: no server can
+    batches: int
+    mean_requests_per_batch: float
+    mean_tokens_per_batch: float
+    dtype: str
+    check_vectors: NDArray[np.float32]  # unit vectors of the first request-sized input
+
+
+def server_batches(
+    plan: Plan, max_tokens: int, max_requests: int, bytes_per_token: float
+) -> list[list[int]]:
+    """Consecutive requests grouped as the worker groups them at most: up to
+    ``max_tokens`` estimated tokens (body bytes / bytes_per_token) and ``max_requests``."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    budget = 0
+    for i, body in enumerate(plan.bodies):
+        estimate = max(1, math.ceil(len(body) / bytes_per_token))
+        if current and (budget + estimate > max_tokens or len(current) >= max_requests):
+            batches.append(current)
+            current, budget = [], 0
+        current.append(i)
+        budget += estimate
+    if current:
+        batches.append(current)
+    return batches
+
+
+def engine_ceiling(plan: Plan, threads: int, reps: int, min_tokens: int) -> Ceiling:
+    """Tokenize + forward in this process, no server running, over the planned
+    requests grouped into full server-sized batches (median of ``reps``); also
+    the same texts in one call."""
+    import torch
+
+    from embedder.fleet import load_fleet
+    from embedder.runtimes import load_runtime
+    from flotilla.settings import Settings
+
+    fleet = load_fleet()
+    spec = fleet.get(fleet.default_model)
+    profile = spec.profile("cpu")
+    runtime = load_runtime(spec, "cpu", threads)
+    torch.set_num_threads(threads)
+    grouped = server_batches(
+        plan, profile.max_batch_tokens, profile.max_batch_requests, Settings().bytes_per_token
+    )
+    batches: list[list[str]] = []
+    tokens = 0
+    for rows in grouped:
+        batches.append([text for i in rows for text in plan.texts[i]])
+        tokens += sum(plan.tokens[i] for i in rows)
+        if tokens >= min_tokens:
+            break
+    runtime.forward(runtime.tokenize(batches[0], "right"))  # warm up
+    rates: list[float] = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        for batch in batches:
+            runtime.forward(runtime.tokenize(batch, "right"))
+        rates.append(tokens / (time.perf_counter() - start))
+    every = [text for batch in batches for text in batch]
+    start = time.perf_counter()
+    runtime.forward(runtime.tokenize(every, "right"))
+    one_call = tokens / (time.perf_counter() - start)
+    check = runtime.forward(runtime.tokenize(plan.texts[0], "right"))
+    ceiling = Ceiling(
+        tokens_per_s=report.median(rates),
+        reps=rates,
+        one_call_tokens_per_s=one_call,
+        batches=len(batches),
+        mean_requests_per_batch=sum(map(len, grouped[: len(batches)])) / len(batches),
+        mean_tokens_per_batch=tokens / len(batches),
+        dtype=runtime.info.dtype,
+        check_vectors=(check / np.linalg.norm(check, axis=1, keepdims=True)).astype(np.float32),
+    )
+    del runtime
+    gc.collect()
+    return ceiling
+
+
+# -- the server --------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def server(port: int, threads: int, log_path: Path, ready_timeout_s: float) -> Iterator[int]:
+    """``flotilla serve`` in a subprocess; yields its pid once /ready answers 200."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
+    command = [
+        sys.executable,
+        "-m",
+        "flotilla",
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        "--log-level",
+        "warning",
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            try:
+                asyncio.run(_wait_ready(process, port, ready_timeout_s, log_path))
+            except SystemExit:
+                sys.stderr.write(log_path.read_text(errors="replace")[-3000:])
+                raise
+            yield process.pid
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+
+async def _wait_ready(
+    process: subprocess.Popen[bytes], port: int, timeout_s: float, log_path: Path
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    timeout = aiohttp.ClientTimeout(total=2)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise SystemExit(
+                    f"the server exited with {process.returncode}; its log: {log_path}"
+                )
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(f"http://{HOST}:{port}/ready") as response:
+                    if response.status == 200:
+                        return
+            await asyncio.sleep(0.25)
+    raise SystemExit(f"the server was not ready within {timeout_s:.0f} s; see {log_path}")
+
+
+# -- the load generator ------------------------------------------------------
+
+
+async def run_level(
+    session: aiohttp.ClientSession,
+    url: str,
+    plan: Plan,
+    level: Level,
+    duration_s: float,
+    max_requests: int,
+    offset: int,
+) -> None:
+    """``level.concurrency`` closed-loop clients; no request starts after ``duration_s``
+    or beyond ``max_requests``; the level ends when the last reply is in."""
+    counter = itertools.count()
+    start = time.perf_counter()
+    stop_at = start + duration_s
+
+    async def client() -> None:
+        while time.perf_counter() < stop_at:
+            n = next(counter)
+            if n >= max_requests:
+                return
+            i = (offset + n) % len(plan.bodies)
+            level.sent += 1
+            sent_at = time.perf_counter()
+            try:
+                async with session.post(
+                    url, data=plan.bodies[i], headers={"content-type": "application/json"}
+                ) as response:
+                    payload = await response.read()
+                    status = response.status
+                    headers = response.headers
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                level.errors[type(exc).__name__] += 1
+                continue
+            if status != 200:
+                level.errors[str(status)] += 1
+                if status in (429, 503):  # back off a little instead of spinning
+                    await asyncio.sleep(0.05)
+                continue
+            level.latencies_s.append(time.perf_counter() - sent_at)
+            level.ok += 1
+            tokens = int(json.loads(payload)["usage"]["prompt_tokens"])
+            level.tokens += tokens
+            level.token_mismatches += tokens != plan.tokens[i]
+            with contextlib.suppress(KeyError, ValueError):
+                level.queue_ms.append(float(headers["x-queue-time"]))
+                level.inference_ms.append(float(headers["x-inference-time"]))
+
+    await asyncio.gather(*(client() for _ in range(level.concurrency)))
+    level.elapsed_s = time.perf_counter() - start
+
+
+async def check_vectors(
+    session: aiohttp.ClientSession, url: str, model: str, inputs: list[str], expected: Any
+) -> float:
+    """Worst cosine between the server's base64 vectors and the engine's, same texts."""
+    body = {"model": model, "input": inputs, "encoding_format": "base64"}
+    async with session.post(url, json=body) as response:
+        response.raise_for_status()
+        data = await response.json()
+    got = np.stack(
+        [
+            np.frombuffer(base64.b64decode(item["embedding"]), dtype=np.float32)
+            for item in data["data"]
+        ]
+    )
+    got = got / np.linalg.norm(got, axis=1, keepdims=True)
+    return float((got * expected).sum(axis=1).min())
+
+
+async def sweep(
+    port: int,
+    server_pid: int,
+    args: argparse.Namespace,
+    plan: Plan,
+    model: str,
+    expected: NDArray[np.float32],
+) -> tuple[list[Level], float, dict[str, Any]]:
+    url = f"http://{HOST}:{port}/v1/embeddings"
+    timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
+    connector = aiohttp.TCPConnector(limit=max(args.concurrency))
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        async with session.get(f"http://{HOST}:{port}/v1/models") as response:
+            served = await response.json()
+        cosine = await check_vectors(session, url, model, plan.texts[0], expected)
+        warm = Level(concurrency=min(4, max(args.concurrency)))
+        await run_level(session, url, plan, warm, args.warmup_s, args.max_requests, 0)
+        print(f"warm-up: {warm.ok} requests in {warm.elapsed_s:.1f} s")
+        levels: list[Level] = []
+        offset = warm.sent
+        for concurrency in args.concurrency:
+            level = Level(concurrency=concurrency)
+            if args.wait_quiet_s > 0:
+                await asyncio.to_thread(report.wait_for_quiet, args.wait_quiet_s)
+            meter = report.CpuMeter([server_pid])
+            await run_level(session, url, plan, level, args.duration_s, args.max_requests, offset)
+            level.cpu = meter.result()
+            offset += level.sent
+            levels.append(level)
+            ms = sorted(level.latencies_s)
+            print(
+                f"  c={concurrency:>3}: {level.ok} ok in {level.elapsed_s:.1f} s, "
+                f"{level.tokens / level.elapsed_s:,.0f} tokens/s, "
+                f"p50 {1e3 * report.percentile(ms, 50):.0f} ms, "
+                f"p99 {1e3 * report.percentile(ms, 99):.0f} ms, errors {dict(level.errors)}"
+            )
+    return levels, cosine, served
+
+
+def plot(rows: Sequence[dict[str, Any]], ceiling: float, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [int(r["concurrency"]) for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    left.plot(xs, [float(r["tokens_per_s"]) for r in rows], "o-", label="served")
+    left.axhline(
+        ceiling, color="grey", linestyle="--", label="engine ceiling: full batches, no server"
+    )
+    left.set_xscale("log", base=2)
+    left.set_xlabel("concurrent clients")
+    left.set_ylabel("tokens/s")
+    left.set_ylim(0, max(ceiling, *(float(r["tokens_per_s"]) for r in rows)) * 1.15)
+    left.legend()
+    left.set_title("throughput")
+    for key, style in (("p50", "o-"), ("p99", "s--")):
+        right.plot(xs, [float(r["latency_ms"][key]) for r in rows], style, label=key)
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_xlabel("concurrent clients")
+    right.set_ylabel("latency, ms")
+    right.legend()
+    right.set_title("latency")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _levels(value: str) -> list[int]:
+    levels = [int(v) for v in value.split(",") if v.strip()]
+    if not levels or any(n <= 0 or n > 1024 for n in levels):
+        raise argparse.ArgumentTypeError("concurrency levels are integers in 1..1024")
+    return levels
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.served",
+        description="The real server under concurrent clients, against the engine ceiling.",
+    )
+    parser.add_argument("--concurrency", type=_levels, default=[1, 4, 16, 64])
+    parser.add_argument("--duration-s", type=float, default=15.0, help="per concurrency level")
+    parser.add_argument(
+        "--max-requests", type=int, default=5000, help="per concurrency level, at most"
+    )
+    parser.add_argument("--warmup-s", type=float, default=4.0)
+    parser.add_argument("--n-texts", type=int, default=1000, help="passages in the corpus")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--ceiling-tokens", type=int, default=40_000, help="tokens the ceiling runs per rep"
+    )
+    parser.add_argument("--ceiling-reps", type=int, default=3)
+    parser.add_argument("--encoding", choices=("float", "base64"), default="float")
+    parser.add_argument("--request-timeout-s", type=float, default=60.0)
+    parser.add_argument("--ready-timeout-s", type=float, default=180.0)
+    parser.add_argument("--seed", type=int, default=texts.SEED)
+    parser.add_argument(
+        "--wait-quiet-s",
+        type=float,
+        default=0.0,
+        help="on a shared machine, wait up to this long for other processes to go quiet",
+    )
+    parser.add_argument("--out", default="served", help="results file stem in bench/results/")
+    args = parser.parse_args(argv)
+    if args.duration_s <= 0 or args.duration_s > 600 or args.max_requests <= 0:
+        parser.error("--duration-s must be in (0, 600] and --max-requests positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from embedder.fleet import load_fleet
+
+    fleet = load_fleet()
+    spec = fleet.get(fleet.default_model)
+    corpus = texts.build(args.n_texts, args.seed)
+    max_tokens = spec.max_tokens
+    plan = plan_requests(corpus, spec.name, max_tokens, 4096, args.seed, args.encoding)
+
+    if args.wait_quiet_s > 0:
+        report.wait_for_quiet(args.wait_quiet_s)
+    print("engine ceiling: tokenize + forward of full server-sized batches, no server running")
+    meter = report.CpuMeter()
+    engine = engine_ceiling(plan, args.threads, args.ceiling_reps, args.ceiling_tokens)
+    ceiling_cpu = meter.result()
+    ceiling = engine.tokens_per_s
+    print(
+        f"  {ceiling:,.0f} tokens/s ({engine.dtype}) over {engine.batches} batches of "
+        f"{engine.mean_requests_per_batch:.1f} requests, {engine.mean_tokens_per_batch:,.0f} "
+        f"tokens; reps {[round(r) for r in engine.reps]}; the same texts in one call: "
+        f"{engine.one_call_tokens_per_s:,.0f} tokens/s"
+    )
+
+    port = free_port()
+    log_path = report.results_dir() / f"{args.out}-server.log"
+    print(f"starting the server on {HOST}:{port} (log: {log_path})")
+    started = time.perf_counter()
+    with server(port, args.threads, log_path, args.ready_timeout_s) as pid:
+        print(f"  ready after {time.perf_counter() - started:.1f} s")
+        levels, cosine, served = asyncio.run(
+            sweep(port, pid, args, plan, spec.name, engine.check_vectors)
+        )
+
+    rows = [level.summary(ceiling) for level in levels]
+    result: dict[str, Any] = {
+        "benchmark": "served",
+        "model": spec.name,
+        "machine": report.machine(args.threads),
+        "args": {k: v for k, v in vars(args).items()},
+        "requests": {
+            "inputs_per_request": f"1-{MAX_INPUTS}, uniform",
+            "mean_inputs": float(np.mean([len(t) for t in plan.texts])),
+            "mean_tokens": float(np.mean(plan.tokens)),
+            "encoding_format": args.encoding,
+        },
+        "engine_ceiling": {
+            "tokens_per_s": ceiling,
+            "what": "tokenize + forward of consecutive requests grouped into full batches "
+            "(the cpu profile's max_batch_tokens / max_batch_requests), no server running",
+            "reps": engine.reps,
+            "one_call_tokens_per_s": engine.one_call_tokens_per_s,
+            "batches": engine.batches,
+            "mean_requests_per_batch": engine.mean_requests_per_batch,
+            "mean_tokens_per_batch": engine.mean_tokens_per_batch,
+            "dtype": engine.dtype,
+            "cpu": ceiling_cpu,
+        },
+        "server_models": served.get("data", []),
+        "served_vs_engine_worst_cosine": cosine,
+        "levels": rows,
+    }
+    print()
+    print(
+        report.table(
+            [
+                "clients",
+                "ok",
+                "errors",
+                "req/s",
+                "tokens/s",
+                "of ceiling",
+                "p50 ms",
+                "p90 ms",
+                "p99 ms",
+                "queue p50",
+                "infer p50",
+                "others' CPU",
+            ],
+            [
+                [
+                    r["concurrency"],
+                    r["ok"],
+                    sum(r["errors"].values()),
+                    r["requests_per_s"],
+                    r["tokens_per_s"],
+                    f"{100 * r['share_of_engine_ceiling']:.0f}%",
+                    r["latency_ms"]["p50"],
+                    r["latency_ms"]["p90"],
+                    r["latency_ms"]["p99"],
+                    r["server_queue_ms_p50"],
+                    r["server_inference_ms_p50"],
+                    f"{100 * r['cpu'].get('others_share', 0):.0f}%",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    best = max(rows, key=lambda r: r["tokens_per_s"])
+    print(
+        f"\nengine ceiling {ceiling:,.0f} tokens/s; best served {best['tokens_per_s']:,.0f} "
+        f"tokens/s at {best['concurrency']} clients = {100 * best['share_of_engine_ceiling']:.0f}% "
+        f"of it; served vectors vs engine: worst cosine {cosine:.5f}"
+    )
+    json_path = report.write_json(f"{args.out}.json", result)
+    png_path = report.results_dir() / f"{args.out}.png"
+    plot(
+        rows,
+        ceiling,
+        str(png_path),
+        f"flotilla serve, {spec.name}, /v1/embeddings with 1-{MAX_INPUTS} mixed texts; "
+        f"{result['machine']['cpu']}, {args.threads} threads",
+    )
+    print(f"wrote {json_path} and {png_path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
