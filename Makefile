@@ -34,9 +34,11 @@ unit: install
 
 test: kafka-jars lint typecheck unit
 
-bench: install
-	$(BIN)/python -m bench.engine
-	$(BIN)/python -m bench.served
+bench: kafka-jars
+	$(BIN)/flotilla bench engine
+	$(BIN)/flotilla bench served
+	$(BIN)/flotilla bench ingest
+	$(BIN)/flotilla bench cluster
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

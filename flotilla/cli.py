@@ -149,5 +149,33 @@ def models(settings: Settings, as_json: bool = typer.Option(False, "--json")) ->
         typer.echo(f"{spec.name}\t{spec.task}\t{source}\tmax_tokens={spec.max_tokens}{aliases}")
 
 
+bench_app = typer.Typer(
+    help="Benchmarks: print ratios against a side-by-side baseline, write JSON and PNG to "
+    "bench/results/. Options after the name go to the benchmark (try --help).",
+    no_args_is_help=True,
+)
+app.add_typer(bench_app, name="bench")
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+def _bench(module: str) -> Callable[[typer.Context], None]:
+    def run(ctx: typer.Context) -> None:
+        import importlib
+
+        status = importlib.import_module(module).main(ctx.args)
+        raise typer.Exit(status if isinstance(status, int) else 0)
+
+    return run
+
+
+for _name, _module, _help in (
+    ("engine", "bench.engine", "flotilla's runtime against SentenceTransformer.encode."),
+    ("served", "bench.served", "Served throughput and latency under concurrent clients."),
+    ("ingest", "bench.ingest", "Kafka ingest against the embed-only ceiling."),
+    ("cluster", "bench.cluster_sim", "Push vs pull: the cluster simulation."),
+):
+    bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
+
+
 def main() -> None:
     app()
