@@ -119,11 +119,18 @@ async def test_ten_thousand_documents_two_members(
     bootstrap, group = kafka_broker.bootstrap, unique_name("g")
     topic = await new_topic(bootstrap, "docs", 4)
     docs = documents(10_000)
-    await produce(
-        bootstrap, topic, [(d.encode(), json.dumps({"text": t}).encode()) for d, t in docs]
-    )
     store = QdrantStore(location=":memory:")
     async with members(tiny_fleet, bootstrap, topic, group, 2, store) as m:
+
+        async def both_assigned() -> bool:
+            return all(s.consumer.assignment() for s in m.sources)
+
+        # Produce once the group has settled, or the first member to join may take
+        # the whole stream before the second arrives (the tiny model is fast).
+        await until(both_assigned, 60, "both members to hold partitions")
+        await produce(
+            bootstrap, topic, [(d.encode(), json.dumps({"text": t}).encode()) for d, t in docs]
+        )
         await until(
             lambda: _drained(bootstrap, topic, group), 240, "the group to commit every record"
         )
