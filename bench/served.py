@@ -63,6 +63,9 @@ class Level:
     inference_ms: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     token_mismatches: int = 0
+    batches: float = 0.0  # what the worker ran meanwhile, from /metrics
+    batch_requests: float = 0.0
+    batch_tokens: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
 
     def summary(self, ceiling: float) -> dict[str, Any]:
@@ -86,6 +89,9 @@ class Level:
             "server_queue_ms_p50": report.percentile(self.queue_ms, 50),
             "server_inference_ms_p50": report.percentile(self.inference_ms, 50),
             "token_count_mismatches": self.token_mismatches,
+            "batches": self.batches,
+            "mean_requests_per_batch": self.batch_requests / self.batches if self.batches else None,
+            "mean_tokens_per_batch": self.batch_tokens / self.batches if self.batches else None,
             "cpu": self.cpu,
         }
 
@@ -324,6 +330,23 @@ async def run_level(
     level.elapsed_s = time.perf_counter() - start
 
 
+async def batch_counters(session: aiohttp.ClientSession, port: int) -> tuple[float, float, float]:
+    """(batches, requests, tokens) the worker has run so far, from its /metrics."""
+    async with session.get(f"http://{HOST}:{port}/metrics") as response:
+        text = await response.text()
+    values = {"batches": 0.0, "requests": 0.0, "tokens": 0.0}
+    names = {
+        "flotilla_batch_requests_count": "batches",
+        "flotilla_batch_requests_sum": "requests",
+        "flotilla_batch_tokens_sum": "tokens",
+    }
+    for line in text.splitlines():
+        name, _, rest = line.partition("{")
+        if name in names:
+            values[names[name]] += float(rest.rsplit(" ", 1)[1])
+    return values["batches"], values["requests"], values["tokens"]
+
+
 async def check_vectors(
     session: aiohttp.ClientSession, url: str, model: str, inputs: list[str], expected: Any
 ) -> float:
@@ -367,8 +390,13 @@ async def sweep(
             if args.wait_quiet_s > 0:
                 await asyncio.to_thread(report.wait_for_quiet, args.wait_quiet_s)
             meter = report.CpuMeter([server_pid])
+            before = await batch_counters(session, port)
             await run_level(session, url, plan, level, args.duration_s, args.max_requests, offset)
             level.cpu = meter.result()
+            after = await batch_counters(session, port)
+            level.batches, level.batch_requests, level.batch_tokens = (
+                a - b for a, b in zip(after, before, strict=True)
+            )
             offset += level.sent
             levels.append(level)
             ms = sorted(level.latencies_s)
@@ -402,6 +430,9 @@ def plot(rows: Sequence[dict[str, Any]], ceiling: float, path: str, title: str) 
     for key, style in (("p50", "o-"), ("p99", "s--")):
         right.plot(xs, [float(r["latency_ms"][key]) for r in rows], style, label=key)
     right.set_xscale("log", base=2)
+    for axis in (left, right):
+        axis.set_xticks(xs, [str(x) for x in xs])
+        axis.minorticks_off()
     right.set_yscale("log")
     right.set_xlabel("concurrent clients")
     right.set_ylabel("latency, ms")
@@ -532,6 +563,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "p99 ms",
                 "queue p50",
                 "infer p50",
+                "req/batch",
                 "others' CPU",
             ],
             [
@@ -547,6 +579,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     r["latency_ms"]["p99"],
                     r["server_queue_ms_p50"],
                     r["server_inference_ms_p50"],
+                    r["mean_requests_per_batch"] or float("nan"),
                     f"{100 * r['cpu'].get('others_share', 0):.0f}%",
                 ]
                 for r in rows

@@ -7,7 +7,10 @@ same Python version:
 - ``pydoc_data.topics``: the language reference topics that ``help()`` and
   ``pydoc`` show (about 460k characters of prose on Python 3.11);
 - the docstrings of a fixed list of standard-library modules and of their
-  public classes and functions (``STDLIB_MODULES``).
+  public classes, functions and methods (``STDLIB_MODULES``), read from the
+  source files with ``ast``: nothing is imported, so the corpus does not
+  depend on what the caller imported before (C modules have no source and
+  add nothing).
 
 Paragraphs that look like code (indented blocks, ``>>>`` prompts, grammar
 rules, mostly symbols) are dropped; the rest is split into sentences. Passage
@@ -15,8 +18,9 @@ lengths, counted in the model's own tokens including ``[CLS]`` and ``[SEP]``,
 are drawn from ``LENGTH_MIX`` with a fixed seed: many short (queries, titles),
 some long (documents, up to 512 tokens, beyond the model's 256 limit so that
 truncation is exercised). A passage is filled with whole sentences from a
-shuffled stream; when no upcoming sentence fits the room left, the next one is
-cut at a word boundary, so a passage ends within a word of its target.
+shuffled stream; when no upcoming sentence fits the room left, one of them is
+cut at a word boundary; a passage never exceeds its target and, with the
+default corpus, meets it exactly.
 
 ``python -m bench.texts`` prints the corpus statistics and a few samples.
 """
@@ -24,13 +28,12 @@ cut at a word boundary, so a passage ends within a word of its target.
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
-import importlib
-import inspect
 import random
 import re
 import statistics
-import warnings
+import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,30 +240,45 @@ def _documents() -> list[str]:
     import pydoc_data.topics
 
     documents = [pydoc_data.topics.topics[name] for name in sorted(pydoc_data.topics.topics)]
-    # Reading some docstrings (typing.io) or importing some modules warns of deprecation.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        documents.extend(_docstrings())
+    documents.extend(_docstrings())
     return documents
 
 
+def _source(module_name: str) -> str | None:
+    """A standard-library module's source, found on disk without importing it."""
+    base = Path(sysconfig.get_paths()["stdlib"]).joinpath(*module_name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+    return None  # a C module, or an interpreter built without it
+
+
 def _docstrings() -> Iterator[str]:
+    """Docstrings of each module, its public functions and classes and their public
+    methods, read from the source with ``ast``: never from imported objects, which
+    other libraries may have patched (torch replaces some of ``inspect``'s)."""
     for module_name in STDLIB_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:  # an interpreter built without e.g. ssl or sqlite3
+        source = _source(module_name)
+        if source is None:
             continue
-        yield inspect.getdoc(module) or ""
-        for name, member in sorted(vars(module).items()):
-            if name.startswith("_") or getattr(member, "__module__", None) != module.__name__:
-                continue
-            if inspect.isfunction(member):
-                yield inspect.getdoc(member) or ""
-            elif inspect.isclass(member):
-                yield inspect.getdoc(member) or ""
-                for attr, method in sorted(vars(member).items()):
-                    if not attr.startswith("_") and inspect.isfunction(method):
-                        yield inspect.getdoc(method) or ""
+        tree = ast.parse(source)
+        yield ast.get_docstring(tree) or ""
+        for node in _public(tree.body):
+            yield ast.get_docstring(node) or ""
+            if isinstance(node, ast.ClassDef):
+                yield from (ast.get_docstring(m) or "" for m in _public(node.body))
+
+
+def _public(
+    body: list[ast.stmt],
+) -> list[ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef]:
+    defs = [
+        node
+        for node in body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and not node.name.startswith("_")
+    ]
+    return sorted(defs, key=lambda node: node.name)  # stable: same-named defs keep order
 
 
 def _is_prose(paragraph: str) -> bool:
@@ -347,8 +365,9 @@ def build(n: int, seed: int = SEED, folder: Path | None = None) -> Corpus:
     """``n`` passages with lengths drawn by ``target_lengths(n, seed)``.
 
     Whole sentences fill a passage, the first of the next ``LOOKAHEAD`` that fits
-    taken each time; when none fits, the next one is cut at a word boundary, which
-    can leave a passage a few tokens short of its target (never over it).
+    taken each time; when none fits, the passage ends on the word-boundary prefix of
+    one of them that comes closest (never over the target; short of it only when no
+    prefix fits exactly).
     """
     tok = tokenizer(folder)
     pool = sentences()
@@ -367,9 +386,11 @@ def build(n: int, seed: int = SEED, folder: Path | None = None) -> Corpus:
                 i = window.pop(pick)
                 parts.append(pool[i])
                 budget -= sizes[i]
-            else:
-                i = window.pop(0)
-                piece, size = _prefix(pool[i], encodings[i], budget)
+            else:  # end on the word-boundary prefix that comes closest to the target
+                cuts = [_prefix(pool[i], encodings[i], budget) for i in window]
+                best = max(range(len(cuts)), key=lambda k: cuts[k][1])
+                piece, size = cuts[best]
+                window.pop(best)
                 if piece:
                     parts.append(piece)
                     budget -= size
