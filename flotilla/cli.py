@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from embedder.fleet import FleetError
 from flotilla.settings import Settings
+from flotilla.signals import exit_cleanly_until_running
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
 
@@ -94,10 +95,11 @@ def worker(settings: Settings) -> None:
     """Load the fleet on this device and pull requests from --request-topic (--kafka) as a
     member of --worker-group, until SIGTERM or Ctrl-C; then finish the jobs in hand,
     commit and leave the group."""
-    from flotilla.distributed import serve_worker
-
     if not settings.kafka:
         raise typer.BadParameter("a worker needs Kafka", param_hint="'--kafka' / FLOTILLA_KAFKA")
+    exit_cleanly_until_running()
+    from flotilla.distributed import serve_worker
+
     serve_worker(settings)
 
 
@@ -118,12 +120,13 @@ def ingest(
     until Ctrl-C), or from a file (--from), or send a file to the topic (--produce)."""
     import asyncio
 
-    from flotilla import ingest as run
-
     if produce and source is None:
         raise typer.BadParameter("--produce sends a file: give it with --from")
     if source is not None and not source.is_file():
         raise typer.BadParameter(f"{source} is not a file", param_hint="'--from'")
+    exit_cleanly_until_running()
+    from flotilla import ingest as run
+
     if source is None:
         asyncio.run(run.consume(settings))
     elif produce:

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import os
 import re
-import signal
 import socket
 from collections.abc import AsyncIterator
 
@@ -25,6 +24,7 @@ from embedder.workqueue_kafka import KafkaPuller, KafkaSubmitter
 from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
 from flotilla.ingest import configured_store, request_limits
 from flotilla.settings import Settings
+from flotilla.signals import stop_event, unless_stopped
 from gateway.app import create_app
 
 log = logging.getLogger(__name__)
@@ -127,20 +127,12 @@ async def run_worker(
         states=host,
     )
     if stop is None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_event()
     try:
         await host.start()
-        loading = asyncio.ensure_future(host.wait_ready())
-        stopping = asyncio.ensure_future(stop.wait())
-        await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        if not loading.done():
-            loading.cancel()
+        loaded, _ = await unless_stopped(host.wait_ready(), stop)
+        if not loaded:
             return
-        loading.result()
         if not host.loaded:
             raise SystemExit(f"no model could be loaded: {host.failed}")
         # Join the group only now: partitions assigned to a member still loading would

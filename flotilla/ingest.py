@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
@@ -32,7 +31,9 @@ from embedder.fleet import Fleet, load_fleet
 from embedder.host import ModelHost
 from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
+from flotilla.signals import stop_event, unless_stopped
 from ingest.embedding import QueueEmbedder
+from ingest.errors import TopicMissing
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
@@ -68,9 +69,16 @@ def request_limits(settings: Settings) -> RequestLimits:
     )
 
 
+class Stopped(Exception):
+    """A stop signal came while the models were still loading."""
+
+
 @contextlib.asynccontextmanager
-async def ingest_stack(settings: Settings) -> AsyncIterator[tuple[IngestCore, VectorStore]]:
-    """Models loaded, a worker pulling, and a core writing to the configured store."""
+async def ingest_stack(
+    settings: Settings, stop: asyncio.Event | None = None
+) -> AsyncIterator[tuple[IngestCore, VectorStore]]:
+    """Models loaded, a worker pulling, and a core writing to the configured store.
+    Raises Stopped if ``stop`` is set before the models are loaded."""
     fleet = load_fleet(settings.fleet)
     queue = InProcessQueue()
     host = ModelHost(
@@ -85,7 +93,9 @@ async def ingest_stack(settings: Settings) -> AsyncIterator[tuple[IngestCore, Ve
         record_rules(settings, fleet),
     )
     async with host, store:
-        await host.wait_ready()
+        loaded, _ = await unless_stopped(host.wait_ready(), stop or asyncio.Event())
+        if not loaded:
+            raise Stopped
         if not host.loaded:
             raise SystemExit(f"no model could be loaded: {host.failed}")
         yield core, store
@@ -95,33 +105,39 @@ async def consume(settings: Settings) -> None:
     """Consume --topic until SIGINT/SIGTERM, then drain the chunk in flight and commit."""
     if not (settings.kafka and settings.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
-    async with ingest_stack(settings) as (core, _):
-        source = KafkaSource(
-            core,
-            bootstrap=settings.kafka,
-            topic=settings.topic,
-            group=settings.group,
-            max_records=settings.ingest_max_records,
-        )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        async with source:
-            running = asyncio.ensure_future(source.wait())
-            with progress_bar() as bar:
-                task = bar.add_task(f"{settings.topic} -> {settings.collection}", lag="")
-                while not (running.done() or stop.is_set()):
-                    await asyncio.wait({running}, timeout=1.0)
-                    totals = source.totals
-                    bar.update(
-                        task,
-                        completed=totals.upserted + totals.deleted + totals.dead_lettered,
-                        lag=f"lag {sum(source.lag.values())}",
-                    )
-            if running.done():
-                running.result()  # re-raise what stopped the source
-            running.cancel()
+    stop = stop_event()  # before loading: a stop while loading must not kill the process
+    with contextlib.suppress(Stopped):
+        async with ingest_stack(settings, stop) as (core, _):
+            try:
+                await _consume(settings, core, stop)
+            except TopicMissing as exc:
+                raise SystemExit(exc.message) from None
+
+
+async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) -> None:
+    assert settings.kafka and settings.topic  # checked by consume()
+    source = KafkaSource(
+        core,
+        bootstrap=settings.kafka,
+        topic=settings.topic,
+        group=settings.group,
+        max_records=settings.ingest_max_records,
+    )
+    async with source:
+        running = asyncio.ensure_future(source.wait())
+        with progress_bar() as bar:
+            task = bar.add_task(f"{settings.topic} -> {settings.collection}", lag="")
+            while not (running.done() or stop.is_set()):
+                await asyncio.wait({running}, timeout=1.0)
+                totals = source.totals
+                bar.update(
+                    task,
+                    completed=totals.upserted + totals.deleted + totals.dead_lettered,
+                    lag=f"lag {sum(source.lag.values())}",
+                )
+        if running.done():
+            running.result()  # re-raise what stopped the source
+        running.cancel()
 
 
 def read_records(path: Path) -> Iterator[RawRecord]:

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import uvicorn
 from fastapi import FastAPI
 
+from embedder.errors import FlotillaError
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.workqueue import InProcessQueue
@@ -52,7 +53,11 @@ def build_app(settings: Settings) -> FastAPI:
     async def ingest_when_ready() -> None:
         await host.wait_ready()
         if source is not None:
-            await source.start()
+            try:
+                await source.start()
+            except FlotillaError as exc:  # the service still embeds; say why nothing ingests
+                log.error("not ingesting: %s", exc.message)
+                return
             log.info("ingesting %s into %s", settings.topic, settings.collection)
 
     @contextlib.asynccontextmanager

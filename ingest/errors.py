@@ -59,3 +59,11 @@ class InvalidStoreRequest(StoreError):
 
     http_status = 422
     code = "invalid_store_request"
+
+
+class TopicMissing(FlotillaError):
+    """The source topic does not exist. Ingestion never creates it: its partition count
+    bounds how many workers can share the stream, a choice for whoever owns it."""
+
+    http_status = 404
+    code = "topic_missing"

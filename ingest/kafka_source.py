@@ -25,9 +25,11 @@ from aiokafka import (
     ConsumerRecord,
     TopicPartition,
 )
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError
 from prometheus_client import Counter, Gauge
 
+from ingest.errors import TopicMissing
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
 from ingest.records import SourceRef
 
@@ -85,6 +87,7 @@ class KafkaSource:
     async def start(self) -> None:
         if self._task is not None:
             return
+        await self._check_topic()
         # Clients are made here, not in __init__: aiokafka binds them to the running loop.
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
@@ -100,9 +103,28 @@ class KafkaSource:
             bootstrap_servers=self.bootstrap, enable_idempotence=True, acks="all"
         )
         await self.producer.start()
-        self.consumer.subscribe([self.topic], listener=_DrainOnRevoke(self._busy))
-        await self.consumer.start()
+        try:
+            self.consumer.subscribe([self.topic], listener=_DrainOnRevoke(self._busy))
+            await self.consumer.start()
+        except BaseException:
+            await self.consumer.stop()
+            await self.producer.stop()
+            raise
         self._task = asyncio.create_task(self._run(), name=f"ingest-{self.topic}")
+
+    async def _check_topic(self) -> None:
+        """Fail fast and clearly; a consumer would wait on metadata and then raise."""
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            topics = set(await admin.list_topics())
+        finally:
+            await admin.close()
+        if self.topic not in topics:
+            raise TopicMissing(
+                f"topic {self.topic!r} does not exist on {self.bootstrap}; create it with as "
+                "many partitions as ingest workers you want to run (kafka-topics.sh --create)"
+            )
 
     async def stop(self) -> None:
         """Finish and commit the chunk in flight, then leave the group."""

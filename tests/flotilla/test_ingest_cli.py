@@ -3,8 +3,10 @@ and Parquet, poison lines to <file>.dlq.jsonl), and `--produce` onto a real topi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +115,42 @@ async def test_produce_a_file_onto_the_topic(kafka_broker: KafkaBroker, tmp_path
     # and will be dead-lettered by the pipeline, which owns the contract.
     assert set(keyed) == {f"doc-{i}".encode() for i in range(120)} | {b"empty"}
     assert json.loads(keyed[b"doc-5"])["text"] == "Text number 5"
+
+
+def ingest_process(
+    bootstrap: str, topic: str, fleet_file: Path, data: Path
+) -> subprocess.Popen[bytes]:
+    args = ["--kafka", bootstrap, "--topic", topic, "--fleet", str(fleet_file)]
+    args += ["--data-dir", str(data), "--device", "cpu"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "flotilla", "ingest", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+@pytest.mark.parametrize("after_s", [0.3, 2.0, 8.0])
+async def test_sigterm_at_any_point_of_start_up_exits_cleanly(
+    kafka_broker: KafkaBroker, fleet_file: Path, tmp_path: Path, after_s: float
+) -> None:
+    """While importing, while loading models, or once consuming: SIGTERM is a clean stop
+    (status 0), never a death by the signal."""
+    topic = unique_name("idle")
+    await create_topic(kafka_broker.bootstrap, topic, 1)
+    proc = ingest_process(kafka_broker.bootstrap, topic, fleet_file, tmp_path / "data")
+    await asyncio.sleep(after_s)
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+
+
+def test_a_missing_topic_is_a_clear_error(
+    kafka_broker: KafkaBroker, fleet_file: Path, tmp_path: Path
+) -> None:
+    proc = ingest_process(kafka_broker.bootstrap, "no-such-topic", fleet_file, tmp_path / "d")
+    output, _ = proc.communicate(timeout=60)
+    text = output.decode(errors="replace")
+    assert proc.returncode == 1, text[-3000:]
+    assert "topic 'no-such-topic' does not exist" in text, text[-3000:]
+    assert "Traceback" not in text and "Unclosed" not in text, text[-3000:]

@@ -1,0 +1,45 @@
+"""How long-running commands stop: SIGINT/SIGTERM set an event that the command
+awaits, so it can finish the work in hand and commit before it exits."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def exit_cleanly_until_running() -> None:
+    """Before a command holds any work (imports, start-up), SIGTERM has nothing to
+    drain: leave with status 0 instead of dying by the signal. A supervisor that
+    stops a process still starting then sees a clean exit."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+
+def stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM, for the running loop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> tuple[bool, T | None]:
+    """Await ``work`` unless ``stop`` comes first, which cancels it.
+    Returns (finished, result)."""
+    working = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({working, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not working.done():
+        working.cancel()
+        return False, None
+    return True, working.result()
