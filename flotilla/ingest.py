@@ -75,16 +75,17 @@ class Stopped(Exception):
 
 @contextlib.asynccontextmanager
 async def ingest_stack(
-    settings: Settings, stop: asyncio.Event | None = None
+    settings: Settings, stop: asyncio.Event | None = None, *, store: VectorStore | None = None
 ) -> AsyncIterator[tuple[IngestCore, VectorStore]]:
-    """Models loaded, a worker pulling, and a core writing to the configured store.
-    Raises Stopped if ``stop`` is set before the models are loaded."""
+    """Models loaded, a worker pulling, and a core writing to the configured store (or to
+    ``store``, which it then closes). Raises Stopped if ``stop`` is set before the models
+    are loaded."""
     fleet = load_fleet(settings.fleet)
     queue = InProcessQueue()
     host = ModelHost(
         fleet, queue, request_limits(settings), device=settings.device, threads=settings.threads
     )
-    store = configured_store(settings)
+    store = store or configured_store(settings)
     core = IngestCore(
         QueueEmbedder(
             queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
