@@ -83,7 +83,8 @@ def summary(m: Manifest, out: Path) -> str:
             f"{m.metrics.accuracy_last:.2f}",
             f"measured: {measured.wall_s:.1f} s wall ({measured.train_s:.1f} s training) on "
             f"{measured.device} ({measured.device_name}, {measured.threads} threads); "
-            f"{measured.tokens:,} tokens at {measured.tokens_per_s:,.0f} tokens/s",
+            f"{measured.tokens:,} tokens at {measured.tokens_per_s:,.0f} tokens/s "
+            f"({measured.tokens_per_core_s:,.0f} per CPU-second used)",
             f"cost: {cost.device_seconds:,.0f} {unit}-seconds {price}",
         ]
     )

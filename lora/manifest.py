@@ -74,6 +74,10 @@ class Measured:
     tokens: int  # real tokens through forward and backward, padding excluded
     padded_tokens: int
     tokens_per_s: float  # tokens / train_s
+    train_cpu_s: float  # CPU time of the training loop, all threads
+    # tokens / train_cpu_s: on a machine shared with other jobs, where wall time stretches
+    # with the contention, a steadier measure of the work a core does
+    tokens_per_core_s: float
     pairs_per_s: float
 
 

@@ -89,6 +89,7 @@ class _Progress:
     tokens: int = 0
     padded_tokens: int = 0
     train_s: float = 0.0
+    train_cpu_s: float = 0.0
     earlier_wall_s: float = 0.0  # wall and CPU time of the runs before a resume,
     earlier_cpu_s: float = 0.0  # up to their last checkpoint
     losses: list[float] | None = None
@@ -369,7 +370,7 @@ def train(
             for batch in plan[state.epoch][state.batch :]:
                 if state.step >= total:
                     break
-                step_start = time.perf_counter()
+                step_start = (time.perf_counter(), time.process_time())
                 queries = [prompts["query"] + pairs[i].query for i in batch]
                 passages = [prompts["passage"] + pairs[i].positive for i in batch]
                 with torch.autocast(
@@ -385,7 +386,8 @@ def train(
                 torch.nn.utils.clip_grad_norm_(trainable, 1.0)
                 optimizer.step()
                 scheduler.step()
-                state.train_s += time.perf_counter() - step_start
+                state.train_s += time.perf_counter() - step_start[0]
+                state.train_cpu_s += time.process_time() - step_start[1]
                 state.step += 1
                 state.batch += 1
                 state.pairs += len(batch)
@@ -453,6 +455,8 @@ def train(
             tokens=state.tokens,
             padded_tokens=state.padded_tokens,
             tokens_per_s=state.tokens / state.train_s if state.train_s else 0.0,
+            train_cpu_s=state.train_cpu_s,
+            tokens_per_core_s=state.tokens / state.train_cpu_s if state.train_cpu_s else 0.0,
             pairs_per_s=state.pairs / state.train_s if state.train_s else 0.0,
         ),
         cost=run_cost(
