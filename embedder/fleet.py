@@ -92,6 +92,18 @@ class Profile(BaseModel):
         description="Padded tokens per forward pass; small on CPU (cache), large on GPU.",
     )
     forward_max_sequences: int = Field(default=64, gt=0, description="Sequences per forward pass.")
+    max_resident_adapters: int = Field(
+        default=8,
+        gt=0,
+        description="LoRA adapters kept loaded; the least recently used one is unloaded "
+        "when another is needed. Each costs its weights' memory (a few MB for rank 16).",
+    )
+    mix_adapters: bool = Field(
+        default=True,
+        description="Requests for different adapters of a model share one batch (each row "
+        "runs its own adapter) instead of waiting for a batch of their own: fuller batches "
+        "when traffic spreads over many adapters, at a per-pass cost (bench.adapters).",
+    )
 
 
 class ModelSpec(BaseModel):
@@ -106,6 +118,10 @@ class ModelSpec(BaseModel):
     normalize: bool = True
     max_tokens: int = Field(default=512, gt=0, description="Longest input, in model tokens.")
     aliases: tuple[str, ...] = ()
+    adapters: dict[str, Path] = Field(
+        default_factory=dict,
+        description="LoRA adapters served per request as 'model:adapter': name -> folder.",
+    )
     profiles: dict[DeviceKind, Profile] = Field(default_factory=dict)
 
     def profile(self, device: DeviceKind) -> Profile:

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from types import TracebackType
 from typing import Literal
 
+from embedder.adapters import AdapterCatalog, ResidentAdapters
 from embedder.batching import BatchLimits
 from embedder.codecs import RequestLimits
 from embedder.execute import LoadedModel
@@ -36,8 +37,10 @@ class ModelHost:
         device: Literal["auto", "cpu", "cuda"] = "auto",
         threads: int = 0,
         loader: RuntimeLoader = load_runtime,
+        adapters: AdapterCatalog | None = None,
     ) -> None:
         self.fleet = fleet
+        self.adapters = adapters or AdapterCatalog(fleet)
         self.queue = queue
         self.request_limits = request_limits
         self.device = device
@@ -105,8 +108,12 @@ class ModelHost:
                 max_tokens=profile.max_batch_tokens,
                 max_requests=profile.max_batch_requests,
                 max_wait_s=profile.max_wait_ms / 1e3,
+                mix_adapters=profile.mix_adapters,
             )
-            self.loaded[name] = LoadedModel(spec, runtime, limits)
+            resident = ResidentAdapters(
+                profile.max_resident_adapters, runtime.load_adapter, runtime.unload_adapter
+            )
+            self.loaded[name] = LoadedModel(spec, runtime, limits, self.adapters, resident)
             log.info("loaded %s on %s: %s", name, device, runtime.info)
         if self.loaded:
             worker = Worker(self.queue, self.loaded, self.request_limits)

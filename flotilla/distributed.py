@@ -22,7 +22,7 @@ from embedder.host import ModelHost, RuntimeLoader
 from embedder.runtimes import load_runtime
 from embedder.workqueue_kafka import KafkaPuller, KafkaSubmitter
 from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
-from flotilla.ingest import configured_store, request_limits
+from flotilla.ingest import adapter_catalog, configured_store, request_limits
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
 from gateway.app import create_app
@@ -118,6 +118,7 @@ async def run_worker(
         device=settings.device,
         threads=settings.threads,
         loader=loader,
+        adapters=adapter_catalog(settings, fleet),
     )
     heartbeat = WorkerHeartbeat(
         bootstrap=bootstrap,

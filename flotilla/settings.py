@@ -80,6 +80,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         default=Path("flotilla-data"), description="Where the embedded store keeps its files."
     )
+    adapters_dir: Path | None = Field(
+        default=None,
+        description="Where `flotilla lora add` registers LoRA adapters (<dir>/<model>/<name>/) "
+        "and servers find them on first use; default <data-dir>/adapters.",
+    )
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL (--store qdrant).")
     qdrant_api_key: str | None = Field(default=None, description="Qdrant API key, if any.")
     ingest_max_text_bytes: int = Field(
@@ -129,6 +134,10 @@ class Settings(BaseSettings):
         description="Largest request or reply record flotilla produces, and the topic limit "
         "it sets when creating topics. Replies of many long vectors need the room.",
     )
+
+    @property
+    def adapters_root(self) -> Path:
+        return self.adapters_dir or self.data_dir / "adapters"
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from embedder.codecs import decode_raw_vectors, raw_vectors_body
 from embedder.errors import FlotillaError
-from embedder.jobs import ApiShape, EmbedJob
+from embedder.jobs import ApiShape, EmbedJob, split_model
 from embedder.workqueue import WorkQueue
 
 Embedding = NDArray[np.float32] | FlotillaError
@@ -40,14 +40,16 @@ class QueueEmbedder:
         self.truncate = truncate  # False: an over-long document is dead-lettered, not cut
 
     def _job(self, model: str, text: str, now: float) -> EmbedJob:
+        base, adapter = split_model(model)  # "base:adapter" embeds with that adapter
         return EmbedJob.new(
-            model,
+            base,
             ApiShape.RAW_VECTORS,
             raw_vectors_body([text], truncate=self.truncate),
             now=now,
             timeout_s=self.deadline_s,
             bytes_per_token=self.bytes_per_token,
             priority=self.priority,
+            adapter=adapter,
         )
 
     async def embed(self, items: Sequence[tuple[str, str]]) -> list[Embedding]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
@@ -61,9 +62,18 @@ class Runtime(Protocol):
         """Cross-encoders: (query, doc) pairs; truncation cuts the document."""
         ...
 
-    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
-        """(n, dim) pooled, unnormalized vectors, or (n,) raw scores for cross-encoders."""
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> NDArray[np.float32]:
+        """(n, dim) pooled, unnormalized vectors, or (n,) raw scores for cross-encoders.
+        ``adapters[i]`` names the resident adapter for row i (None: the base model)."""
         ...
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Make adapter ``name`` resident; AdapterInvalid if it does not fit."""
+        ...
+
+    def unload_adapter(self, name: str) -> None: ...
 
 
 RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]

@@ -13,19 +13,23 @@ and keeps bf16 only when it is faster and accurate.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from embedder.errors import AdapterInvalid
 from embedder.fleet import DeviceKind, ModelSpec
 from embedder.jobs import Task
 from embedder.runtimes import Encoded, RuntimeInfo, TruncationSide
+from embedder.runtimes.lora import LoraSlots
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,13 @@ class TorchRuntime:
         profile = spec.profile("cuda" if device.type == "cuda" else "cpu")
         self.forward_tokens = profile.forward_tokens
         self.forward_max_sequences = profile.forward_max_sequences
+        # Adapters go into the Hugging Face model inside the first (Transformer) module.
+        inner = (
+            getattr(module[0], "auto_model", None)
+            if isinstance(module, torch.nn.Sequential)
+            else None
+        )
+        self.lora = LoraSlots(inner, spec.name) if isinstance(inner, torch.nn.Module) else None
 
     @property
     def info(self) -> RuntimeInfo:
@@ -169,7 +180,31 @@ class TorchRuntime:
         out: torch.Tensor = self.module(features)["sentence_embedding"]
         return out
 
-    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
+    # -- adapters ---------------------------------------------------------
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        if self.lora is None:
+            raise AdapterInvalid(
+                f"model {self.spec.name!r} takes no adapters: they are served for "
+                "sentence-transformers embedding models"
+            )
+        self.lora.load(name, folder)
+
+    def unload_adapter(self, name: str) -> None:
+        if self.lora is not None:
+            self.lora.unload(name)
+
+    def _adapter_rows(
+        self, adapters: Sequence[str | None] | None, rows: list[int]
+    ) -> contextlib.AbstractContextManager[None]:
+        if self.lora is None or not (self.lora.active or adapters):
+            return contextlib.nullcontext()
+        # Once any adapter is injected every pass names its rows, base rows included.
+        return self.lora.rows([adapters[i] if adapters else None for i in rows])
+
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> NDArray[np.float32]:
         lengths = [len(x) for x in encoded.ids]
         passes = micro_batches(lengths, self.forward_tokens, self.forward_max_sequences)
         result: NDArray[np.float32] | None = None
@@ -182,7 +217,8 @@ class TorchRuntime:
             ),
         ):
             for rows in passes:
-                out = self._run(self._tensors(encoded, rows)).float().cpu().numpy()
+                with self._adapter_rows(adapters, rows):
+                    out = self._run(self._tensors(encoded, rows)).float().cpu().numpy()
                 if result is None:
                     result = np.empty((len(encoded), *out.shape[1:]), dtype=np.float32)
                 result[rows] = out

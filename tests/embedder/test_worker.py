@@ -55,9 +55,11 @@ class RecordingRuntime(FakeRuntime):
         self.seen.extend(texts)
         return super().tokenize(texts, side)
 
-    def forward(self, encoded: Encoded) -> np.ndarray[Any, Any]:
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> np.ndarray[Any, Any]:
         try:
-            return super().forward(encoded)
+            return super().forward(encoded, adapters)
         finally:
             self.forwards_done += 1
 
@@ -513,7 +515,9 @@ async def test_host_uses_the_device_profile_for_batch_limits() -> None:
     ) as host:
         await asyncio.wait_for(host.wait_ready(), WAIT_S)
         limits = host.loaded["alpha"].limits
-    assert limits == BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.001)
+    assert limits == BatchLimits(
+        max_tokens=512, max_requests=16, max_wait_s=0.001, mix_adapters=True
+    )
 
 
 @pytest.mark.parametrize("names", [("broken",), ("broken", "also-broken")])

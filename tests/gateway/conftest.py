@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,11 +66,13 @@ class GatedRuntime(FakeRuntime):
         self.gate = gate
         self.entered = threading.Event()
 
-    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> NDArray[np.float32]:
         self.entered.set()
         if self.gate is not None and not self.gate.wait(timeout=10):
             raise RuntimeError("test gate never opened")
-        return super().forward(encoded)
+        return super().forward(encoded, adapters)
 
 
 class Loader(FakeLoader):
