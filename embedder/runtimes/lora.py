@@ -47,7 +47,14 @@ class LoraSlots:
         self._peft.eval()
 
     def unload(self, name: str) -> None:
-        if self._peft is not None:
+        if self._peft is None:
+            return
+        if set(self._peft.peft_config) == {name}:  # type: ignore[arg-type]
+            # The last one: take the LoRA layers out (peft keeps pointing at a deleted
+            # active adapter otherwise), and base passes are plain again.
+            self._peft.unload()  # type: ignore[operator]
+            self._peft = None
+        else:
             self._peft.delete_adapter(name)  # type: ignore[operator]
 
     @contextlib.contextmanager
