@@ -176,6 +176,7 @@ for _name, _module, _help in (
     ("served", "bench.served", "Served throughput and latency under concurrent clients."),
     ("ingest", "bench.ingest", "Kafka ingest against the embed-only ceiling."),
     ("cluster", "bench.cluster_sim", "Push vs pull: the cluster simulation."),
+    ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 
