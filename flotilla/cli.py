@@ -152,6 +152,38 @@ def models(settings: Settings, as_json: bool = typer.Option(False, "--json")) ->
         typer.echo(f"{spec.name}\t{spec.task}\t{source}\tmax_tokens={spec.max_tokens}{aliases}")
 
 
+lora_app = typer.Typer(
+    help="Domain LoRA adapters: register them for serving.", no_args_is_help=True
+)
+app.add_typer(lora_app, name="lora")
+
+
+@lora_app.command("add")
+@with_settings
+def lora_add(
+    settings: Settings,
+    name: Annotated[str, typer.Argument(help="The adapter's name: requests ask for BASE:NAME.")],
+    folder: Annotated[Path, typer.Argument(help="A PEFT LoRA folder (adapter_config.json).")],
+    base: Annotated[
+        str | None, typer.Option("--base", help="The fleet model it adapts (default: the first).")
+    ] = None,
+) -> None:
+    """Register an adapter: validated, then copied under --adapters-dir, where running
+    servers and workers sharing that directory find it on its first request."""
+    from embedder.adapters import AdapterCatalog
+    from embedder.errors import FlotillaError
+    from embedder.fleet import load_fleet
+
+    fleet = load_fleet(settings.fleet)
+    catalog = AdapterCatalog(fleet, settings.adapters_root)
+    try:
+        info = catalog.register(base or fleet.default_model, name, folder)
+    except FlotillaError as exc:
+        raise typer.BadParameter(exc.message) from exc
+    rank = f", rank {info.rank}" if info.rank else ""
+    typer.echo(f"registered {info.base}:{info.name} ({info.folder}{rank})")
+
+
 bench_app = typer.Typer(
     help="Benchmarks: print ratios against a side-by-side baseline, write JSON and PNG to "
     "bench/results/. Options after the name go to the benchmark (try --help).",

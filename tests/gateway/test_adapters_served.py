@@ -21,8 +21,6 @@ import pytest
 import yaml
 from numpy.typing import NDArray
 
-from embedder.adapters import AdapterCatalog
-from embedder.fleet import load_fleet
 from tests.gateway.conftest import _free_port, hub_offline
 from tests.tiny_models import build_tiny_embedder, build_tiny_lora, merged_embedder, tiny_fleet_file
 
@@ -85,6 +83,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         proc.wait(timeout=30)
 
 
+def lora_add(name: str, folder: Path, served: Served) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "flotilla", "lora", "add", name, str(folder), "--base", "tiny",
+         "--fleet", str(served.fleet_file), "--adapters-dir", str(served.registry)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
 def reference(served: Served, adapter: str | None) -> NDArray[np.float32]:
     from sentence_transformers import SentenceTransformer
 
@@ -97,10 +103,10 @@ def reference(served: Served, adapter: str | None) -> NDArray[np.float32]:
 
 
 async def test_a_mixed_stream_gets_the_merged_models_answers(served: Served) -> None:
-    # B is registered while the server runs, as `flotilla lora add` does.
-    AdapterCatalog(load_fleet(served.fleet_file), served.registry).register(
-        "tiny", "b", served.adapters["b"]
-    )
+    # B is registered while the server runs.
+    added = lora_add("b", served.adapters["b"], served)
+    assert added.returncode == 0, added.stderr
+    assert "registered tiny:b" in added.stdout
     want = {name: reference(served, name) for name in (None, "a", "b")}
     async with openai.AsyncOpenAI(
         base_url=f"{served.url}/v1", api_key="unused", max_retries=0
@@ -136,6 +142,17 @@ def test_the_tei_route_takes_an_adapter_field(served: Served) -> None:
     missing = httpx.post(f"{served.url}/embed", json={"inputs": ["x"], "adapter": "zz"}, timeout=30)
     assert missing.status_code == 404
     assert "'zz'" in missing.json()["error"]
+
+
+def test_lora_add_refuses_an_adapter_trained_on_another_base(
+    served: Served, tmp_path: Path
+) -> None:
+    with hub_offline():
+        foreign = build_tiny_lora(served.model_dir, tmp_path / "foreign", seed=5, base="e5")
+    refused = lora_add("foreign", foreign, served)
+    assert refused.returncode == 2
+    assert "trained on 'e5', not on 'tiny'" in refused.stderr
+    assert not (served.registry / "tiny" / "foreign").exists()
 
 
 def test_models_lists_each_adapter_under_its_base(served: Served) -> None:
