@@ -19,8 +19,9 @@ from fastapi import FastAPI
 
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost, RuntimeLoader
+from embedder.kafka_puller import KafkaPuller
+from embedder.kafka_submitter import KafkaSubmitter
 from embedder.runtimes import load_runtime
-from embedder.workqueue_kafka import KafkaPuller, KafkaSubmitter
 from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
 from flotilla.ingest import adapter_catalog, configured_store, request_limits
 from flotilla.settings import Settings
