@@ -26,6 +26,7 @@ from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
 from flotilla.ingest import adapter_catalog, configured_store, request_limits
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
+from flotilla.worker_http import WorkerHttp
 from gateway.app import create_app
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,11 @@ async def run_worker(
     )
     if stop is None:
         stop = stop_event()
+    serving = False
+    http = WorkerHttp(settings.host, settings.worker_port, lambda: serving and not stop.is_set())
     try:
+        if settings.worker_port:
+            await http.start()
         await host.start()
         loaded, _ = await unless_stopped(host.wait_ready(), stop)
         if not loaded:
@@ -141,6 +146,7 @@ async def run_worker(
         # hold their requests until it is done.
         await puller.start()
         await heartbeat.start()
+        serving = True
         log.info("worker: serving %s from %s", sorted(host.loaded), settings.request_topic)
         await stop.wait()
         log.info("worker: stopping; finishing the jobs in hand")
@@ -148,6 +154,7 @@ async def run_worker(
         if abandoned := await puller.drain(DRAIN_S):
             log.warning("worker: %d jobs unfinished after %.0f s go back", abandoned, DRAIN_S)
     finally:
+        await http.stop()
         await heartbeat.stop()
         await host.stop()
         await puller.stop()

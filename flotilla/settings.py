@@ -100,6 +100,13 @@ class Settings(BaseSettings):
     )
 
     # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
+    worker_port: int = Field(
+        default=9400,
+        ge=0,
+        le=65535,
+        description="`flotilla worker`: port of its /metrics (Prometheus), /health and /ready; "
+        "0 turns it off.",
+    )
     request_topic: str = Field(
         default="flotilla.requests",
         description="Kafka topic gateways put requests on and workers pull them from.",

@@ -8,6 +8,7 @@ import os
 import pytest
 from typer.testing import CliRunner
 
+import flotilla.cli
 import flotilla.distributed
 from flotilla.cli import app
 from flotilla.distributed import reply_topic
@@ -27,6 +28,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def started(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Settings]]:
     """The commands record what they would run, instead of running it."""
     calls: list[tuple[str, Settings]] = []
+    # The worker command makes SIGTERM a clean exit until it runs; not in this process.
+    monkeypatch.setattr(flotilla.cli, "exit_cleanly_until_running", lambda: None)
     monkeypatch.setattr(flotilla.distributed, "serve_gateway", lambda s: calls.append(("gw", s)))
     monkeypatch.setattr(flotilla.distributed, "serve_worker", lambda s: calls.append(("wk", s)))
     return calls
