@@ -14,10 +14,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from embedder.errors import FlotillaError, ModelNotFound
+from embedder.errors import FlotillaError, InvalidRequest, ModelNotFound
 from embedder.jobs import Task
 
 DeviceKind = Literal["cpu", "cuda"]
+PromptUse = Literal["query", "document"]  # what a text is for, when a request says
 
 
 class FleetError(FlotillaError):
@@ -106,10 +107,56 @@ class ModelSpec(BaseModel):
     normalize: bool = True
     max_tokens: int = Field(default=512, gt=0, description="Longest input, in model tokens.")
     aliases: tuple[str, ...] = ()
+    prompts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Named prefixes the model was trained with (e5: query -> 'query: '); a "
+        "request picks one by name (TEI's prompt_name) or by use (input_type).",
+    )
+    default_prompt: str | None = Field(
+        default=None, description="The prompt of requests that name neither prompt nor use."
+    )
+    query_prompt: str | None = Field(
+        default=None,
+        description="The prompt of queries: input_type query, search queries, rerank queries.",
+    )
+    document_prompt: str | None = Field(
+        default=None,
+        description="The prompt of documents: input_type document or passage, ingested "
+        "documents, the documents of a rerank.",
+    )
     profiles: dict[DeviceKind, Profile] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _prompts_exist(self) -> ModelSpec:
+        for field in ("default_prompt", "query_prompt", "document_prompt"):
+            name = getattr(self, field)
+            if name is not None and name not in self.prompts:
+                known = ", ".join(sorted(self.prompts)) or "none"
+                raise ValueError(f"{field} {name!r} is not one of the prompts ({known})")
+        return self
 
     def profile(self, device: DeviceKind) -> Profile:
         return self.profiles.get(device) or self.profiles.get("cpu") or Profile()
+
+    def prompt_prefix(self, prompt_name: str | None = None, use: PromptUse | None = None) -> str:
+        """The text to put before each input: the named prompt, else the use's prompt (none
+        when the model has none for that use), else the default prompt. A model without
+        prompts ignores the use; naming a prompt it lacks is an InvalidRequest (422)."""
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                known = ", ".join(repr(p) for p in sorted(self.prompts))
+                raise InvalidRequest(
+                    f"model {self.name!r} has no prompt {prompt_name!r}; "
+                    + (f"its prompts: {known}" if known else "it defines no prompts")
+                )
+            return self.prompts[prompt_name]
+        if use == "query":
+            chosen = self.query_prompt
+        elif use == "document":
+            chosen = self.document_prompt
+        else:
+            chosen = self.default_prompt
+        return self.prompts[chosen] if chosen is not None else ""
 
 
 class Fleet(BaseModel):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from embedder.errors import ModelNotFound
+from embedder.errors import InvalidRequest, ModelNotFound
 from embedder.fleet import DEFAULT_FLEET, Fleet, FleetError, Profile, Source, load_fleet
 from embedder.jobs import Task
 
@@ -169,3 +169,54 @@ def test_profile_falls_back_to_cpu_then_to_defaults(tmp_path: Path) -> None:
     )
     assert fleet.get("tuned").profile("cuda") == cpu_only
     assert fleet.get("plain").profile("cuda") == Profile()
+
+
+# -- prompts -------------------------------------------------------------------------
+
+
+def e5_like(tmp_path: Path, **fields: object) -> dict[str, object]:
+    return {
+        "source": local(tmp_path),
+        "prompts": {"query": "query: ", "passage": "passage: "},
+        "default_prompt": "query",
+        "query_prompt": "query",
+        "document_prompt": "passage",
+        **fields,
+    }
+
+
+def test_the_prompt_by_name_then_by_use_then_the_default(tmp_path: Path) -> None:
+    fleet = fleet_of(
+        {
+            "e5": e5_like(tmp_path),
+            "queries-only": e5_like(tmp_path, default_prompt=None, document_prompt=None),
+            "plain": {"source": local(tmp_path)},
+        }
+    )
+    e5 = fleet.get("e5")
+    assert e5.prompt_prefix("passage", "query") == "passage: "  # a name wins over a use
+    assert e5.prompt_prefix(use="query") == "query: "
+    assert e5.prompt_prefix(use="document") == "passage: "
+    assert e5.prompt_prefix() == "query: "  # the default
+    partial = fleet.get("queries-only")
+    assert partial.prompt_prefix(use="document") == ""  # no prompt for that use: none
+    assert partial.prompt_prefix() == ""
+    plain = fleet.get("plain")
+    assert [plain.prompt_prefix(use=u) for u in ("query", "document", None)] == ["", "", ""]
+
+
+def test_an_unknown_prompt_name_is_a_422_naming_the_valid_ones(tmp_path: Path) -> None:
+    fleet = fleet_of({"e5": e5_like(tmp_path), "plain": {"source": local(tmp_path)}})
+    with pytest.raises(
+        InvalidRequest, match="has no prompt 'search'; its prompts: 'passage', 'query'"
+    ) as caught:
+        fleet.get("e5").prompt_prefix("search")
+    assert caught.value.http_status == 422
+    with pytest.raises(InvalidRequest, match="it defines no prompts"):
+        fleet.get("plain").prompt_prefix("query")
+
+
+@pytest.mark.parametrize("field", ["default_prompt", "query_prompt", "document_prompt"])
+def test_a_prompt_use_must_name_a_prompt(tmp_path: Path, field: str) -> None:
+    with pytest.raises(ValidationError, match=f"{field} 'search' is not one of the prompts"):
+        fleet_of({"e5": e5_like(tmp_path, **{field: "search"})})

@@ -51,9 +51,9 @@ class RecordingRuntime(FakeRuntime):
         self.seen: list[str] = []
         self.forwards_done = 0
 
-    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
+    def tokenize(self, texts: Sequence[str], side: TruncationSide, prefix: str = "") -> Encoded:
         self.seen.extend(texts)
-        return super().tokenize(texts, side)
+        return super().tokenize(texts, side, prefix)
 
     def forward(self, encoded: Encoded) -> np.ndarray[Any, Any]:
         try:
