@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from embedder.errors import FlotillaError, InvalidRequest, ModelNotFound
+from embedder.importers import IMPORTERS, default_cache_dir
 from embedder.jobs import Task
 
 DeviceKind = Literal["cpu", "cuda"]
@@ -28,24 +29,57 @@ class FleetError(FlotillaError):
 
 
 class Source(BaseModel):
-    """Where the weights live: a local folder, or an installed package that carries them."""
+    """Where the weights live: a local folder, an installed package that carries them, or
+    an importer that converts a package's own format into a folder on first load."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, serialize_by_alias=True
+    )
 
-    path: Path | None = None
+    path: Path | None = Field(
+        default=None,
+        description="The model folder; with 'import', where the imported folder is written.",
+    )
     package: str | None = Field(
         default=None,
         description="An importable package with get_model_path() or a model/ folder beside it.",
     )
+    import_: str | None = Field(
+        default=None,
+        alias="import",
+        description="An importer (`flotilla models import --help` lists them); the folder goes "
+        "to 'path', else to --model-cache-dir, and is reused while its inputs are unchanged.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
-        if (self.path is None) == (self.package is None):
-            raise ValueError("a source needs exactly one of 'path' or 'package'")
+        if self.import_ is not None:
+            if self.package is not None:
+                raise ValueError("an 'import' source takes no 'package' (the importer knows it)")
+            if self.import_ not in IMPORTERS:
+                raise ValueError(
+                    f"no importer named {self.import_!r}; known: {', '.join(sorted(IMPORTERS))}"
+                )
+        elif (self.path is None) == (self.package is None):
+            raise ValueError(
+                "a source needs exactly one of 'path' or 'package' (or 'import', with an "
+                "optional 'path' to write to)"
+            )
         return self
 
+    def describe(self) -> str:
+        if self.import_ is not None:
+            return f"import:{self.import_}" + (f" -> {self.path}" if self.path else "")
+        return str(self.path or self.package)
+
     def resolve(self) -> Path:
-        """The local folder holding the model; raises FleetError if it is not there."""
+        """The local folder holding the model; raises FleetError if it is not there. An
+        import source imports on the first call (seconds) and reuses the folder after."""
+        if self.import_ is not None:
+            from embedder.importers.cache import import_model
+
+            out = self.path or default_cache_dir() / self.import_
+            return import_model(self.import_, out).folder
         if self.path is not None:
             folder = self.path.expanduser()
         else:
@@ -200,6 +234,20 @@ class Fleet(BaseModel):
     @property
     def default_model(self) -> str:
         return next(iter(self.models))
+
+    def with_model_cache(self, folder: Path | None) -> Fleet:
+        """This fleet with imported models written under ``folder`` (each importer in its
+        own subfolder), unless a source names its own 'path'. None keeps the default."""
+        if folder is None:
+            return self
+        models = {}
+        for name, spec in self.models.items():
+            source = spec.source
+            if source.import_ is not None and source.path is None:
+                source = source.model_copy(update={"path": folder / source.import_})
+                spec = spec.model_copy(update={"source": source})
+            models[name] = spec
+        return self.model_copy(update={"models": models})
 
 
 DEFAULT_FLEET = Path(__file__).resolve().parent.parent / "flotilla" / "fleet.yaml"

