@@ -69,10 +69,13 @@ def _prepare(
     job: EmbedJob, model: LoadedModel, limits: RequestLimits
 ) -> tuple[EmbedRequest | RerankRequest, Encoded]:
     runtime = model.runtime
+    spec = model.spec
     max_tokens = runtime.info.max_tokens
     if job.task is Task.EMBED:
         request = decode_embed(job.shape, job.body, limits)
-        encoded = runtime.tokenize(request.texts, request.side)
+        prefix = spec.prompt_prefix(request.prompt_name, request.use)  # unknown name: 422
+        # The prompt's tokens count towards the limit: a text that fits alone may not.
+        encoded = runtime.tokenize(request.texts, request.side, prefix=prefix)
         _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
     rerank = decode_rerank(job.shape, job.body, limits)
@@ -80,7 +83,16 @@ def _prepare(
         encoded = runtime.tokenize_pairs(rerank.query, rerank.documents, rerank.side)
         _check_lengths(encoded.full_lengths, rerank.truncate, max_tokens, "query + document {i}")
     else:  # a bi-encoder reranks by cosine: the query is the first input
-        encoded = runtime.tokenize([rerank.query, *rerank.documents], rerank.side)
+        encoded = Encoded.concat(
+            [
+                runtime.tokenize(
+                    [rerank.query], rerank.side, prefix=spec.prompt_prefix(use="query")
+                ),
+                runtime.tokenize(
+                    rerank.documents, rerank.side, prefix=spec.prompt_prefix(use="document")
+                ),
+            ]
+        )
         _check_lengths(encoded.full_lengths[:1], rerank.truncate, max_tokens, "the query")
         _check_lengths(encoded.full_lengths[1:], rerank.truncate, max_tokens, "document {i}")
     return rerank, encoded

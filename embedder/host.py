@@ -1,7 +1,8 @@
 """Loads the fleet onto this machine's device and runs its worker.
 
 Models load in a thread after start-up so the HTTP side answers probes (and
-503s) at once; the worker starts pulling when loading is done.
+503s) at once; the worker starts pulling when the first model is loaded and
+takes on each further model as it loads.
 """
 
 from __future__ import annotations
@@ -113,9 +114,14 @@ class ModelHost:
             resident = ResidentAdapters(
                 profile.max_resident_adapters, runtime.load_adapter, runtime.unload_adapter
             )
-            self.loaded[name] = LoadedModel(spec, runtime, limits, self.adapters, resident)
+            model = LoadedModel(spec, runtime, limits, self.adapters, resident)
+            self.loaded[name] = model
             log.info("loaded %s on %s: %s", name, device, runtime.info)
-        if self.loaded:
-            worker = Worker(self.queue, self.loaded, self.request_limits)
-            await worker.start()
-            self.worker = worker
+            # Serve each model as soon as it is loaded: a fleet's first model does not wait
+            # for a large one behind it (or for that one's first-load import).
+            if self.worker is None:
+                worker = Worker(self.queue, {name: model}, self.request_limits)
+                await worker.start()
+                self.worker = worker
+            else:
+                self.worker.add_model(model)

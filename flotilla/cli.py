@@ -135,10 +135,23 @@ def ingest(
         asyncio.run(run.backfill(settings, source))
 
 
-@app.command()
+models_app = typer.Typer(
+    help="The fleet's models: list them (no subcommand), or import packaged weights.",
+    add_completion=False,
+)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
 @with_settings
-def models(settings: Settings, as_json: bool = typer.Option(False, "--json")) -> None:
+def models(
+    settings: Settings,
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per model.")] = False,
+) -> None:
     """List the fleet: names, tasks, sources and profiles."""
+    if ctx.invoked_subcommand is not None:
+        return
     from embedder.fleet import load_fleet
 
     fleet = load_fleet(settings.fleet)
@@ -147,9 +160,81 @@ def models(settings: Settings, as_json: bool = typer.Option(False, "--json")) ->
         typer.echo(json.dumps(rows, indent=2))
         return
     for spec in fleet.models.values():
-        source = spec.source.path or spec.source.package
         aliases = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
-        typer.echo(f"{spec.name}\t{spec.task}\t{source}\tmax_tokens={spec.max_tokens}{aliases}")
+        prompts = f" prompts={','.join(spec.prompts)}" if spec.prompts else ""
+        typer.echo(
+            f"{spec.name}\t{spec.task}\t{spec.source.describe()}\t"
+            f"max_tokens={spec.max_tokens}{prompts}{aliases}"
+        )
+
+
+def _importer_names() -> str:
+    from embedder.importers import IMPORTERS
+
+    return ", ".join(sorted(IMPORTERS))
+
+
+@models_app.command("import")
+@with_settings
+def import_(
+    settings: Settings,
+    name: Annotated[str, typer.Argument(help=f"The importer: {_importer_names()}.")],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="The model folder to write; <model-cache-dir>/<name> (where the fleet looks) "
+            "when not given.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Convert again even if the folder is current.")
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Then load the folder with sentence-transformers and compare its vectors "
+            "with the package's own engine on sample texts (cosine >= 0.999 passes).",
+        ),
+    ] = False,
+) -> None:
+    """Turn weights a package ships in its own format into a standard sentence-transformers
+    folder (transformers config, safetensors, tokenizer, pooling, prompts). Cached: the
+    folder is stamped with its inputs' hashes and reused until they change."""
+    from embedder.importers import default_cache_dir, get_importer
+    from embedder.importers.cache import import_model
+    from embedder.importers.errors import ModelImportError, UnknownImporter
+
+    try:
+        importer = get_importer(name)
+    except UnknownImporter as exc:
+        raise typer.BadParameter(exc.message, param_hint="'NAME'") from exc
+    folder = out or (settings.model_cache_dir or default_cache_dir()) / name
+    try:
+        result = import_model(importer, folder, force=force)
+    except ModelImportError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from exc
+    how = "reused (inputs unchanged)" if result.cached else "written"
+    typer.echo(f"{result.folder}: {how} in {result.seconds:.1f} s")
+    if verify:
+        if importer.verify is None:
+            raise typer.BadParameter(f"importer {name!r} has no check", param_hint="'--verify'")
+        passed = True
+        for prompt, cosines in importer.verify(result.folder).items():
+            worst = min(cosines)
+            passed &= worst >= VERIFY_MIN_COSINE
+            typer.echo(
+                f"{prompt}: cosine against the package's engine over {len(cosines)} texts: "
+                f"min {worst:.6f}, mean {sum(cosines) / len(cosines):.6f}"
+            )
+        if not passed:
+            typer.echo(f"error: a cosine is below {VERIFY_MIN_COSINE}", err=True)
+            raise typer.Exit(1)
+
+
+VERIFY_MIN_COSINE = 0.999
 
 
 lora_app = typer.Typer(

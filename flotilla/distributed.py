@@ -105,7 +105,7 @@ async def run_worker(
     """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
     finish the jobs in hand, commit and leave the group."""
     bootstrap = _bootstrap(settings)
-    fleet = load_fleet(settings.fleet)
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     puller = KafkaPuller(
         bootstrap=bootstrap,
         topic=settings.request_topic,

@@ -91,7 +91,7 @@ async def ingest_stack(
 ) -> AsyncIterator[tuple[IngestCore, VectorStore]]:
     """Models loaded, a worker pulling, and a core writing to the configured store.
     Raises Stopped if ``stop`` is set before the models are loaded."""
-    fleet = load_fleet(settings.fleet)
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     queue = InProcessQueue()
     adapters = adapter_catalog(settings, fleet)
     host = ModelHost(

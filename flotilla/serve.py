@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> FastAPI:
-    fleet = load_fleet(settings.fleet)
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     queue = InProcessQueue()
     adapters = adapter_catalog(settings, fleet)
     host = ModelHost(

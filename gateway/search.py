@@ -43,8 +43,9 @@ class CollectionSearch:
         job = EmbedJob.new(
             model,
             ApiShape.RAW_VECTORS,
-            # A query longer than the model's window is cut rather than refused.
-            raw_vectors_body([body.query], truncate=True),
+            # A query longer than the model's window is cut rather than refused; a model
+            # with prompts gets its query prompt (e5: "query: ") before it.
+            raw_vectors_body([body.query], truncate=True, use="query"),
             now=now,
             timeout_s=gateway.timeout_s(request),
             bytes_per_token=gateway.settings.bytes_per_token,

@@ -44,7 +44,8 @@ class QueueEmbedder:
         return EmbedJob.new(
             base,
             ApiShape.RAW_VECTORS,
-            raw_vectors_body([text], truncate=self.truncate),
+            # Documents: a model with prompts puts its document prompt (e5: "passage: ") first.
+            raw_vectors_body([text], truncate=self.truncate, use="document"),
             now=now,
             timeout_s=self.deadline_s,
             bytes_per_token=self.bytes_per_token,

@@ -51,21 +51,27 @@ class FakeRuntime:
     def word_ids(text: str) -> list[int]:
         return [101, *(zlib.crc32(w.encode()) % 30000 + 1000 for w in text.split()), 102]
 
-    def _cut(self, ids: list[int], side: TruncationSide) -> list[int]:
+    def _cut(self, ids: list[int], side: TruncationSide, head: int = 0) -> list[int]:
+        """Cut to the limit; the first ``head`` words (a prompt) survive a left cut."""
         limit = self.info.max_tokens
         if len(ids) <= limit:
             return ids
         body = ids[1:-1]
         keep = limit - 2
-        body = body[:keep] if side == "right" else body[len(body) - keep :]
+        if side == "right":
+            body = body[:keep]
+        else:
+            rest = body[head:]
+            body = body[:head] + rest[len(rest) - (keep - head) :]
         return [ids[0], *body, ids[-1]]
 
-    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
-        full = [self.word_ids(t) for t in texts]
+    def tokenize(self, texts: Sequence[str], side: TruncationSide, prefix: str = "") -> Encoded:
+        full = [self.word_ids(prefix + t) for t in texts]
         if any(FAIL_MARKER in t for t in texts):
             full = [[-1, *ids] for ids in full]  # poison: forward will raise
+        head = len(prefix.split())
         return Encoded(
-            ids=[self._cut(ids, side) for ids in full],
+            ids=[self._cut(ids, side, head) for ids in full],
             type_ids=None,
             full_lengths=[len(ids) for ids in full],
         )
@@ -117,15 +123,26 @@ class FakeRuntime:
         return rng.standard_normal(self.dimension).astype(np.float32)
 
     def expected_vector(
-        self, text: str, normalize: bool = True, adapter: str | None = None
+        self, text: str, normalize: bool = True, prefix: str = "", adapter: str | None = None
     ) -> NDArray[np.float32]:
-        ids = self._cut(self.word_ids(text), "right")
+        ids = self._cut(self.word_ids(prefix + text), "right")
         v = self.vector_of_ids(ids) + self.adapter_shift(adapter)
         return v / np.linalg.norm(v) if normalize else v
 
 
-def fake_fleet(*names: str, max_tokens: int = 64, tmp: Path | None = None) -> Fleet:
-    """A fleet of embed models whose source folder exists but holds nothing."""
+E5_PROMPTS: dict[str, object] = {
+    "prompts": {"query": "query: ", "passage": "passage: "},
+    "default_prompt": "query",
+    "query_prompt": "query",
+    "document_prompt": "passage",
+}
+
+
+def fake_fleet(
+    *names: str, max_tokens: int = 64, tmp: Path | None = None, **fields: object
+) -> Fleet:
+    """A fleet of embed models whose source folder exists but holds nothing; ``fields``
+    go into every spec (``**E5_PROMPTS`` gives each e5's prompts)."""
     folder = str(tmp or Path(__file__).parent)
     return Fleet.model_validate(
         {
@@ -136,6 +153,7 @@ def fake_fleet(*names: str, max_tokens: int = 64, tmp: Path | None = None) -> Fl
                     "profiles": {
                         "cpu": {"max_batch_tokens": 512, "max_batch_requests": 16, "max_wait_ms": 1}
                     },
+                    **fields,
                 }
                 for name in names
             }

@@ -54,8 +54,10 @@ class RuntimeInfo:
 class Runtime(Protocol):
     info: RuntimeInfo
 
-    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
-        """Bi-encoders: one text per input."""
+    def tokenize(self, texts: Sequence[str], side: TruncationSide, prefix: str = "") -> Encoded:
+        """Bi-encoders: one text per input, each after ``prefix`` (a prompt such as e5's
+        "query: "). The prefix's tokens count towards the limit, and truncation on
+        either side keeps them: it cuts the text."""
         ...
 
     def tokenize_pairs(self, query: str, docs: Sequence[str], side: TruncationSide) -> Encoded:
