@@ -23,7 +23,7 @@ workers would otherwise get, and that is part of what is measured.
 
     python -m bench.cluster_real [--workers 2] [--threads 1] [--concurrency 4,16,48]
         [--duration-s 15] [--policies rr,least,least+own] [--refresh-ms 50]
-        [--p99-ms 2000] [--kafka BOOTSTRAP] [--fleet FILE]
+        [--p99-ms MS] [--kafka BOOTSTRAP] [--fleet FILE] [--summarize JSON]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import tempfile
 import time
@@ -417,8 +418,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="R, the router's view refresh period(s) for the policies that read it (50)",
     )  # fmt: skip
     parser.add_argument(
-        "--p99-ms", type=float, default=2000.0, help="the p99 latency target (2000)"
-    )
+        "--p99-ms", type=float, default=None,
+        help="the p99 latency target; default: twice the best p99 at the lightest level",
+    )  # fmt: skip
     parser.add_argument("--kafka", default=None, help="an existing broker; else one is started")
     parser.add_argument("--partitions", type=int, default=12, help="of the request topic")
     parser.add_argument("--fleet", type=Path, default=None, help="default: the bundled fleet")
@@ -429,6 +431,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--wait-quiet-s", type=float, default=0.0,
         help="on a shared machine, wait up to this long before each run for quiet",
+    )  # fmt: skip
+    parser.add_argument(
+        "--summarize", type=Path, default=None, metavar="JSON",
+        help="run nothing: summarize a saved run again (say, with another --p99-ms)",
     )  # fmt: skip
     parser.add_argument("--out", default="cluster_real", help="name of the JSON and PNG files")
     parser.add_argument("--out-dir", type=Path, default=None, help="default bench/results")
@@ -442,7 +448,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench import cluster_real_report
 
     args = parse_args(argv)
-    data = run(args)
+    if args.summarize is not None:
+        data = json.loads(args.summarize.read_text(encoding="utf-8"))
+    else:
+        data = run(args)
     data["summary"] = cluster_real_report.summarize(data, args.p99_ms)
     print()
     print(cluster_real_report.tables(data))
@@ -451,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path.write_text(cluster_real_report.json_text(data), encoding="utf-8")
     png = out_dir / f"{args.out}.png"
     cluster_real_report.plot(data, png)
-    print(f"\n{data['elapsed_s']:.0f} s; wrote {path} and {png}")
+    took = "" if args.summarize else f"{data['elapsed_s']:.0f} s; "
+    print(f"\n{took}wrote {path} and {png}")
     return 0
 
 

@@ -75,6 +75,16 @@ def test_ratios_at_matched_load_and_at_the_p99_target() -> None:
     assert set(none["at_p99_target"].values()) == {None}
 
 
+def test_without_a_target_twice_the_best_light_load_p99_is_the_target() -> None:
+    summary = cluster_real_report.summarize(made_up(), p99_target_ms=None)
+    assert summary["p99_target_ms"] == 500.0  # 2 x push rr's 250 ms at 4 clients
+    assert summary["p99_target_rule"] == "2 x the best p99 at 4 clients"
+    at = summary["at_p99_target"]
+    assert at[PULL] == {"tokens_per_s": pytest.approx(900 + 900 / 3), "clients": "4-16"}
+    assert at[RR] == {"tokens_per_s": pytest.approx(1000 + 200 / 5), "clients": "4-16"}
+    assert summary["at_p99_target_ratio_vs_best_push"] == pytest.approx(1200 / 1040)
+
+
 def test_bench_cluster_runs_the_simulation_unless_told_real(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
