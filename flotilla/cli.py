@@ -292,7 +292,11 @@ for _name, _module, _help in (
     ("engine", "bench.engine", "flotilla's runtime against SentenceTransformer.encode."),
     ("served", "bench.served", "Served throughput and latency under concurrent clients."),
     ("ingest", "bench.ingest", "Kafka ingest against the embed-only ceiling."),
-    ("cluster", "bench.cluster_sim", "Push vs pull: the cluster simulation."),
+    (
+        "cluster",
+        "bench.cluster",
+        "Push vs pull: the cluster simulation; --real: real processes, a router against Kafka.",
+    ),
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
