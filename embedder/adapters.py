@@ -62,8 +62,11 @@ def check_adapter(spec: ModelSpec, name: str, folder: Path) -> AdapterInfo:
     manifest_path = folder / MANIFEST
     if manifest_path.is_file():
         try:
-            base = json.loads(manifest_path.read_text(encoding="utf-8")).get("base_model")
-        except (OSError, ValueError) as exc:
+            # `flotilla lora train` names the base by its fleet name (and weights hash).
+            base = (json.loads(manifest_path.read_text(encoding="utf-8")).get("base") or {}).get(
+                "name"
+            )
+        except (OSError, ValueError, AttributeError) as exc:
             raise AdapterInvalid(f"adapter {name!r}: {manifest_path} is unreadable: {exc}") from exc
         if base is not None and base not in (spec.name, *spec.aliases):
             raise AdapterInvalid(

@@ -67,7 +67,7 @@ def build_tiny_lora(
     )
     get_peft_model(inner, config).save_pretrained(str(out))
     if base is not None:
-        (out / "flotilla_adapter.json").write_text(json.dumps({"base_model": base}))
+        (out / "flotilla_adapter.json").write_text(json.dumps({"base": {"name": base}}))
     return out
 
 

@@ -27,7 +27,7 @@ def adapter_folder(path: Path, *, base: str | None = "model", peft_type: str = "
     (path / "adapter_config.json").write_text(json.dumps({"peft_type": peft_type, "r": 8}))
     (path / "adapter_model.safetensors").write_bytes(b"weights")
     if base is not None:
-        (path / "flotilla_adapter.json").write_text(json.dumps({"base_model": base}))
+        (path / "flotilla_adapter.json").write_text(json.dumps({"base": {"name": base}}))
     return path
 
 
