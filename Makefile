@@ -39,6 +39,8 @@ bench: kafka-jars
 	$(BIN)/flotilla bench served
 	$(BIN)/flotilla bench ingest
 	$(BIN)/flotilla bench cluster
+	$(BIN)/flotilla bench cluster --real
+	$(BIN)/flotilla bench adapters
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -43,9 +43,11 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import yaml
 from numpy.typing import NDArray
 
 from bench import report, texts
+from embedder.fleet import ModelSpec
 
 HOST = "127.0.0.1"  # the load generator never targets anything else
 MAX_INPUTS = 8
@@ -221,7 +223,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def server(port: int, threads: int, log_path: Path, ready_timeout_s: float) -> Iterator[int]:
+def server(
+    port: int, threads: int, log_path: Path, ready_timeout_s: float, fleet: Path | None = None
+) -> Iterator[int]:
     """``flotilla serve`` in a subprocess; yields its pid once /ready answers 200."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
     command = [
@@ -237,6 +241,7 @@ def server(port: int, threads: int, log_path: Path, ready_timeout_s: float) -> I
         str(threads),
         "--log-level",
         "warning",
+        *(["--fleet", str(fleet)] if fleet is not None else []),
     ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -485,6 +490,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def one_model_fleet(spec: ModelSpec) -> dict[str, Any]:
+    return {"models": {spec.name: spec.model_dump(mode="json", exclude={"name"})}}
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -512,9 +521,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     port = free_port()
     log_path = report.results_dir() / f"{args.out}-server.log"
+    # The server loads only the measured model: others of the bundled fleet would only
+    # delay /ready and take memory.
+    fleet_path = log_path.with_name(f"{args.out}-fleet.yaml")
+    fleet_path.write_text(yaml.safe_dump(one_model_fleet(spec)), encoding="utf-8")
     print(f"starting the server on {HOST}:{port} (log: {log_path})")
     started = time.perf_counter()
-    with server(port, args.threads, log_path, args.ready_timeout_s) as pid:
+    with server(port, args.threads, log_path, args.ready_timeout_s, fleet_path) as pid:
         print(f"  ready after {time.perf_counter() - started:.1f} s")
         levels, cosine, served = asyncio.run(
             sweep(port, pid, args, plan, spec.name, engine.check_vectors)

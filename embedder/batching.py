@@ -5,7 +5,8 @@ calls ``flush_delay`` to learn when to form a batch and ``form_batch`` to
 form it.
 
 Fairness: groups (model, adapter, task) compete by their most urgent job,
-earliest deadline first. A waiting job's deadline never moves, so every
+earliest deadline first; a model whose limits mix adapters groups by (model,
+task) and each row runs its own adapter. A waiting job's deadline never moves, so every
 group's turn comes: no starvation.
 """
 
@@ -24,6 +25,16 @@ class BatchLimits:
     max_tokens: int
     max_requests: int
     max_wait_s: float
+    mix_adapters: bool = False
+
+
+GroupKey = tuple[str, str | None, object]
+
+
+def group_key(job: EmbedJob, limits: Mapping[str, BatchLimits]) -> GroupKey:
+    """Jobs with the same key can share a forward pass."""
+    model, adapter, task = job.group
+    return (model, None if limits[model].mix_adapters else adapter, task)
 
 
 class DropReason(enum.StrEnum):
@@ -77,11 +88,11 @@ def form_batch(
     if not live:
         return BatchPlan((), (), tuple(dropped))
     first = min(live, key=urgency)
-    group = first.group
+    group = group_key(first, limits)
     limit = limits[first.model]
     chosen: list[EmbedJob] = []
     tokens = 0
-    for job in sorted((j for j in live if j.group == group), key=urgency):
+    for job in sorted((j for j in live if group_key(j, limits) == group), key=urgency):
         if len(chosen) >= limit.max_requests:
             break
         if chosen and tokens + job.est_tokens > limit.max_tokens:
@@ -99,12 +110,12 @@ def flush_delay(
 ) -> float:
     """Seconds until a batch should be formed: 0 when some group is full or has waited
     its ``max_wait``; ``inf`` when nothing is pending."""
-    tokens: dict[tuple[str, str | None, object], int] = {}
-    counts: dict[tuple[str, str | None, object], int] = {}
+    tokens: dict[GroupKey, int] = {}
+    counts: dict[GroupKey, int] = {}
     delay = math.inf
     for job in pending:
         limit = limits[job.model]
-        key = job.group
+        key = group_key(job, limits)
         tokens[key] = tokens.get(key, 0) + job.est_tokens
         counts[key] = counts.get(key, 0) + 1
         if tokens[key] >= limit.max_tokens or counts[key] >= limit.max_requests:

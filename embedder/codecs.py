@@ -15,6 +15,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from embedder.errors import InvalidRequest, LimitExceeded
+from embedder.fleet import PromptUse
 from embedder.jobs import ApiShape
 
 _B = TypeVar("_B")
@@ -35,6 +36,8 @@ class EmbedRequest:
     side: TruncationSide = "right"
     dimensions: int | None = None
     encoding: Literal["float", "base64"] = "float"
+    prompt_name: str | None = None  # one of the model's prompts, by name (TEI)
+    use: PromptUse | None = None  # what the texts are for (input_type); picks the prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class _OpenAIEmbeddings(msgspec.Struct):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None
+    input_type: str | None = None  # as Cohere and Voyage name it; see INPUT_TYPES
 
 
 class _TeiEmbed(msgspec.Struct):
@@ -65,6 +69,8 @@ class _TeiEmbed(msgspec.Struct):
     truncate: bool | None = None
     truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
     dimensions: int | None = None
+    prompt_name: str | None = None
+    input_type: str | None = None  # beyond TEI: ingest and search send it on RAW_VECTORS
 
 
 class _TeiRerank(msgspec.Struct):
@@ -110,6 +116,28 @@ def _texts(value: str | list[str], field: str, limits: RequestLimits) -> list[st
     return texts
 
 
+# input_type values -> the use they ask for: Voyage's and Cohere's names, and e5's own.
+INPUT_TYPES: dict[str, PromptUse] = {
+    "query": "query",
+    "search_query": "query",
+    "document": "document",
+    "passage": "document",
+    "search_document": "document",
+}
+
+
+def _use(input_type: str | None) -> PromptUse | None:
+    if input_type is None:
+        return None
+    try:
+        return INPUT_TYPES[input_type]
+    except KeyError:
+        raise InvalidRequest(
+            f"'input_type' is {input_type!r}; send one of {', '.join(map(repr, INPUT_TYPES))} "
+            "or leave it out"
+        ) from None
+
+
 def _dimensions(value: int | None) -> int | None:
     if value is not None and value <= 0:
         raise InvalidRequest(f"'dimensions' must be a positive integer, got {value}")
@@ -124,6 +152,7 @@ def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRe
             truncate=limits.auto_truncate,
             dimensions=_dimensions(oa.dimensions),
             encoding=oa.encoding_format,
+            use=_use(oa.input_type),
         )
     if shape in (ApiShape.TEI_EMBED, ApiShape.RAW_VECTORS):
         tei = _decode(body, _TeiEmbed)
@@ -133,6 +162,8 @@ def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRe
             truncate=limits.auto_truncate if tei.truncate is None else tei.truncate,
             side="left" if tei.truncation_direction.lower() == "left" else "right",
             dimensions=_dimensions(tei.dimensions),
+            prompt_name=tei.prompt_name,
+            use=_use(tei.input_type),
         )
     raise InvalidRequest(f"{shape} is not an embedding request")
 
@@ -241,9 +272,15 @@ def encode_rerank(
     )
 
 
-def raw_vectors_body(texts: list[str], *, truncate: bool = False) -> bytes:
-    """The body of a RAW_VECTORS job: what ingest and search send through the queue."""
-    return msgspec.json.encode({"inputs": texts, "truncate": truncate})
+def raw_vectors_body(
+    texts: list[str], *, truncate: bool = False, use: PromptUse | None = None
+) -> bytes:
+    """The body of a RAW_VECTORS job: what ingest and search send through the queue.
+    ``use`` says whether the texts are queries or documents, for models with prompts."""
+    body: dict[str, object] = {"inputs": texts, "truncate": truncate}
+    if use is not None:
+        body["input_type"] = use
+    return msgspec.json.encode(body)
 
 
 def decode_raw_vectors(body: bytes, count: int) -> NDArray[np.float32]:

@@ -45,6 +45,18 @@ class ModelNotFound(FlotillaError):
     code = "model_not_found"
 
 
+class AdapterNotFound(ModelNotFound):
+    code = "adapter_not_found"
+
+
+class AdapterInvalid(FlotillaError):
+    """An adapter folder that cannot serve its base: files missing, not a LoRA, trained
+    for another base model, or weights whose shapes do not fit."""
+
+    http_status = 422
+    code = "adapter_invalid"
+
+
 class TaskNotSupported(FlotillaError):
     http_status = 400
     code = "task_not_supported"

@@ -11,10 +11,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
+from embedder.adapters import AdapterCatalog, ResidentAdapters
 from embedder.batching import BatchLimits
 from embedder.codecs import (
     EmbedRequest,
@@ -26,7 +28,7 @@ from embedder.codecs import (
     encode_rerank,
     shape_vectors,
 )
-from embedder.errors import FlotillaError, InferenceFailed, LimitExceeded
+from embedder.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
 from embedder.fleet import ModelSpec
 from embedder.jobs import EmbedJob, JobResult, Task, Timings
 from embedder.runtimes import Encoded, Runtime
@@ -40,6 +42,8 @@ class LoadedModel:
     spec: ModelSpec
     runtime: Runtime
     limits: BatchLimits
+    catalog: AdapterCatalog | None = None  # None: this model serves no adapters
+    resident: ResidentAdapters | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +69,13 @@ def _prepare(
     job: EmbedJob, model: LoadedModel, limits: RequestLimits
 ) -> tuple[EmbedRequest | RerankRequest, Encoded]:
     runtime = model.runtime
+    spec = model.spec
     max_tokens = runtime.info.max_tokens
     if job.task is Task.EMBED:
         request = decode_embed(job.shape, job.body, limits)
-        encoded = runtime.tokenize(request.texts, request.side)
+        prefix = spec.prompt_prefix(request.prompt_name, request.use)  # unknown name: 422
+        # The prompt's tokens count towards the limit: a text that fits alone may not.
+        encoded = runtime.tokenize(request.texts, request.side, prefix=prefix)
         _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
     rerank = decode_rerank(job.shape, job.body, limits)
@@ -76,7 +83,16 @@ def _prepare(
         encoded = runtime.tokenize_pairs(rerank.query, rerank.documents, rerank.side)
         _check_lengths(encoded.full_lengths, rerank.truncate, max_tokens, "query + document {i}")
     else:  # a bi-encoder reranks by cosine: the query is the first input
-        encoded = runtime.tokenize([rerank.query, *rerank.documents], rerank.side)
+        encoded = Encoded.concat(
+            [
+                runtime.tokenize(
+                    [rerank.query], rerank.side, prefix=spec.prompt_prefix(use="query")
+                ),
+                runtime.tokenize(
+                    rerank.documents, rerank.side, prefix=spec.prompt_prefix(use="document")
+                ),
+            ]
+        )
         _check_lengths(encoded.full_lengths[:1], rerank.truncate, max_tokens, "the query")
         _check_lengths(encoded.full_lengths[1:], rerank.truncate, max_tokens, "document {i}")
     return rerank, encoded
@@ -92,6 +108,23 @@ def _scores(
     return scores
 
 
+def _load_adapters(model: LoadedModel, names: set[str]) -> dict[str, FlotillaError]:
+    """Make the batch's adapters resident (hot-loading new ones); returns those that
+    cannot serve, whose jobs then fail alone."""
+    if model.catalog is None or model.resident is None:
+        return {
+            name: AdapterNotFound(f"model {model.spec.name!r} serves no adapters") for name in names
+        }
+    failed: dict[str, FlotillaError] = {}
+    folders: dict[str, Path] = {}
+    for name in names:
+        try:
+            folders[name] = model.catalog.find(model.spec.name, name)
+        except FlotillaError as exc:
+            failed[name] = exc
+    return failed | model.resident.ensure(folders)
+
+
 def run_batch(
     batch: Sequence[EmbedJob], model: LoadedModel, limits: RequestLimits, now: float
 ) -> BatchReport:
@@ -104,13 +137,18 @@ def run_batch(
             outcomes.append((job, exc))
         else:
             prepared.append((job, request, encoded))
+    if wanted := {job.adapter for job, _, _ in prepared if job.adapter is not None}:
+        failed = _load_adapters(model, wanted)
+        outcomes += [(job, failed[job.adapter]) for job, _, _ in prepared if job.adapter in failed]
+        prepared = [item for item in prepared if item[0].adapter not in failed]
     if not prepared:
         return BatchReport(outcomes, 0, 0.0)
 
     merged = Encoded.concat([encoded for _, _, encoded in prepared])
+    row_adapters = [job.adapter for job, _, encoded in prepared for _ in range(len(encoded))]
     start = time.perf_counter()
     try:
-        out = model.runtime.forward(merged)
+        out = model.runtime.forward(merged, row_adapters if any(row_adapters) else None)
     except Exception as exc:  # any model failure reaches every waiting request
         log.exception("batch of %d jobs failed on %s", len(prepared), model.spec.name)
         error = InferenceFailed(f"model {model.spec.name!r} failed on this batch: {exc!r}")

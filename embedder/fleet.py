@@ -14,10 +14,12 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from embedder.errors import FlotillaError, ModelNotFound
+from embedder.errors import FlotillaError, InvalidRequest, ModelNotFound
+from embedder.importers import IMPORTERS, default_cache_dir
 from embedder.jobs import Task
 
 DeviceKind = Literal["cpu", "cuda"]
+PromptUse = Literal["query", "document"]  # what a text is for, when a request says
 
 
 class FleetError(FlotillaError):
@@ -27,24 +29,57 @@ class FleetError(FlotillaError):
 
 
 class Source(BaseModel):
-    """Where the weights live: a local folder, or an installed package that carries them."""
+    """Where the weights live: a local folder, an installed package that carries them, or
+    an importer that converts a package's own format into a folder on first load."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", validate_by_name=True, serialize_by_alias=True
+    )
 
-    path: Path | None = None
+    path: Path | None = Field(
+        default=None,
+        description="The model folder; with 'import', where the imported folder is written.",
+    )
     package: str | None = Field(
         default=None,
         description="An importable package with get_model_path() or a model/ folder beside it.",
     )
+    import_: str | None = Field(
+        default=None,
+        alias="import",
+        description="An importer (`flotilla models import --help` lists them); the folder goes "
+        "to 'path', else to --model-cache-dir, and is reused while its inputs are unchanged.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
-        if (self.path is None) == (self.package is None):
-            raise ValueError("a source needs exactly one of 'path' or 'package'")
+        if self.import_ is not None:
+            if self.package is not None:
+                raise ValueError("an 'import' source takes no 'package' (the importer knows it)")
+            if self.import_ not in IMPORTERS:
+                raise ValueError(
+                    f"no importer named {self.import_!r}; known: {', '.join(sorted(IMPORTERS))}"
+                )
+        elif (self.path is None) == (self.package is None):
+            raise ValueError(
+                "a source needs exactly one of 'path' or 'package' (or 'import', with an "
+                "optional 'path' to write to)"
+            )
         return self
 
+    def describe(self) -> str:
+        if self.import_ is not None:
+            return f"import:{self.import_}" + (f" -> {self.path}" if self.path else "")
+        return str(self.path or self.package)
+
     def resolve(self) -> Path:
-        """The local folder holding the model; raises FleetError if it is not there."""
+        """The local folder holding the model; raises FleetError if it is not there. An
+        import source imports on the first call (seconds) and reuses the folder after."""
+        if self.import_ is not None:
+            from embedder.importers.cache import import_model
+
+            out = self.path or default_cache_dir() / self.import_
+            return import_model(self.import_, out).folder
         if self.path is not None:
             folder = self.path.expanduser()
         else:
@@ -92,6 +127,18 @@ class Profile(BaseModel):
         description="Padded tokens per forward pass; small on CPU (cache), large on GPU.",
     )
     forward_max_sequences: int = Field(default=64, gt=0, description="Sequences per forward pass.")
+    max_resident_adapters: int = Field(
+        default=8,
+        gt=0,
+        description="LoRA adapters kept loaded; the least recently used one is unloaded "
+        "when another is needed. Each costs its weights' memory (a few MB for rank 16).",
+    )
+    mix_adapters: bool = Field(
+        default=True,
+        description="Requests for different adapters of a model share one batch (each row "
+        "runs its own adapter) instead of waiting for a batch of their own: fuller batches "
+        "when traffic spreads over many adapters, at a per-pass cost (bench.adapters).",
+    )
 
 
 class ModelSpec(BaseModel):
@@ -106,10 +153,60 @@ class ModelSpec(BaseModel):
     normalize: bool = True
     max_tokens: int = Field(default=512, gt=0, description="Longest input, in model tokens.")
     aliases: tuple[str, ...] = ()
+    adapters: dict[str, Path] = Field(
+        default_factory=dict,
+        description="LoRA adapters served per request as 'model:adapter': name -> folder.",
+    )
+    prompts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Named prefixes the model was trained with (e5: query -> 'query: '); a "
+        "request picks one by name (TEI's prompt_name) or by use (input_type).",
+    )
+    default_prompt: str | None = Field(
+        default=None, description="The prompt of requests that name neither prompt nor use."
+    )
+    query_prompt: str | None = Field(
+        default=None,
+        description="The prompt of queries: input_type query, search queries, rerank queries.",
+    )
+    document_prompt: str | None = Field(
+        default=None,
+        description="The prompt of documents: input_type document or passage, ingested "
+        "documents, the documents of a rerank.",
+    )
     profiles: dict[DeviceKind, Profile] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _prompts_exist(self) -> ModelSpec:
+        for field in ("default_prompt", "query_prompt", "document_prompt"):
+            name = getattr(self, field)
+            if name is not None and name not in self.prompts:
+                known = ", ".join(sorted(self.prompts)) or "none"
+                raise ValueError(f"{field} {name!r} is not one of the prompts ({known})")
+        return self
 
     def profile(self, device: DeviceKind) -> Profile:
         return self.profiles.get(device) or self.profiles.get("cpu") or Profile()
+
+    def prompt_prefix(self, prompt_name: str | None = None, use: PromptUse | None = None) -> str:
+        """The text to put before each input: the named prompt, else the use's prompt (none
+        when the model has none for that use), else the default prompt. A model without
+        prompts ignores the use; naming a prompt it lacks is an InvalidRequest (422)."""
+        if prompt_name is not None:
+            if prompt_name not in self.prompts:
+                known = ", ".join(repr(p) for p in sorted(self.prompts))
+                raise InvalidRequest(
+                    f"model {self.name!r} has no prompt {prompt_name!r}; "
+                    + (f"its prompts: {known}" if known else "it defines no prompts")
+                )
+            return self.prompts[prompt_name]
+        if use == "query":
+            chosen = self.query_prompt
+        elif use == "document":
+            chosen = self.document_prompt
+        else:
+            chosen = self.default_prompt
+        return self.prompts[chosen] if chosen is not None else ""
 
 
 class Fleet(BaseModel):
@@ -153,6 +250,20 @@ class Fleet(BaseModel):
     @property
     def default_model(self) -> str:
         return next(iter(self.models))
+
+    def with_model_cache(self, folder: Path | None) -> Fleet:
+        """This fleet with imported models written under ``folder`` (each importer in its
+        own subfolder), unless a source names its own 'path'. None keeps the default."""
+        if folder is None:
+            return self
+        models = {}
+        for name, spec in self.models.items():
+            source = spec.source
+            if source.import_ is not None and source.path is None:
+                source = source.model_copy(update={"path": folder / source.import_})
+                spec = spec.model_copy(update={"source": source})
+            models[name] = spec
+        return self.model_copy(update={"models": models})
 
 
 DEFAULT_FLEET = Path(__file__).resolve().parent.parent / "flotilla" / "fleet.yaml"

@@ -1,7 +1,8 @@
 """Loads the fleet onto this machine's device and runs its worker.
 
 Models load in a thread after start-up so the HTTP side answers probes (and
-503s) at once; the worker starts pulling when loading is done.
+503s) at once; the worker starts pulling when the first model is loaded and
+takes on each further model as it loads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import asdict
 from types import TracebackType
 from typing import Literal
 
+from embedder.adapters import AdapterCatalog, ResidentAdapters
 from embedder.batching import BatchLimits
 from embedder.codecs import RequestLimits
 from embedder.execute import LoadedModel
@@ -36,8 +38,10 @@ class ModelHost:
         device: Literal["auto", "cpu", "cuda"] = "auto",
         threads: int = 0,
         loader: RuntimeLoader = load_runtime,
+        adapters: AdapterCatalog | None = None,
     ) -> None:
         self.fleet = fleet
+        self.adapters = adapters or AdapterCatalog(fleet)
         self.queue = queue
         self.request_limits = request_limits
         self.device = device
@@ -105,10 +109,19 @@ class ModelHost:
                 max_tokens=profile.max_batch_tokens,
                 max_requests=profile.max_batch_requests,
                 max_wait_s=profile.max_wait_ms / 1e3,
+                mix_adapters=profile.mix_adapters,
             )
-            self.loaded[name] = LoadedModel(spec, runtime, limits)
+            resident = ResidentAdapters(
+                profile.max_resident_adapters, runtime.load_adapter, runtime.unload_adapter
+            )
+            model = LoadedModel(spec, runtime, limits, self.adapters, resident)
+            self.loaded[name] = model
             log.info("loaded %s on %s: %s", name, device, runtime.info)
-        if self.loaded:
-            worker = Worker(self.queue, self.loaded, self.request_limits)
-            await worker.start()
-            self.worker = worker
+            # Serve each model as soon as it is loaded: a fleet's first model does not wait
+            # for a large one behind it (or for that one's first-load import).
+            if self.worker is None:
+                worker = Worker(self.queue, {name: model}, self.request_limits)
+                await worker.start()
+                self.worker = worker
+            else:
+                self.worker.add_model(model)

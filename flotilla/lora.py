@@ -37,13 +37,22 @@ def data_gesetze(
 
 def resolve_base(settings: LoraSettings, base: str, device: DeviceKind) -> BaseModelRef:
     """A folder path as it is, or a fleet model name (or alias) through the fleet file,
-    with the pooling and the pass size its profile for ``device`` sets."""
+    with its prompts, its pooling and the pass size its profile for ``device`` sets."""
     path = Path(base).expanduser()
     if path.is_dir():
         return BaseModelRef(path.resolve(), forward_tokens=FORWARD_TOKENS[device])
-    spec = load_fleet(settings.fleet).get(base)  # ModelNotFound lists the fleet
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
+    spec = fleet.get(base)  # ModelNotFound lists the fleet
     return BaseModelRef(
-        spec.source.resolve(), spec.name, spec.pooling, spec.profile(device).forward_tokens
+        spec.source.resolve(),  # an import source is imported here on first use
+        spec.name,
+        spec.pooling,
+        spec.profile(device).forward_tokens,
+        # the prompts serving puts before queries and documents
+        prompts={
+            "query": spec.prompt_prefix(use="query"),
+            "passage": spec.prompt_prefix(use="document"),
+        },
     )
 
 

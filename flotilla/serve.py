@@ -16,7 +16,7 @@ from embedder.errors import FlotillaError
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.workqueue import InProcessQueue
-from flotilla.ingest import configured_store, record_rules, request_limits
+from flotilla.ingest import adapter_catalog, configured_store, record_rules, request_limits
 from flotilla.settings import Settings
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
@@ -27,10 +27,16 @@ log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> FastAPI:
-    fleet = load_fleet(settings.fleet)
+    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     queue = InProcessQueue()
+    adapters = adapter_catalog(settings, fleet)
     host = ModelHost(
-        fleet, queue, request_limits(settings), device=settings.device, threads=settings.threads
+        fleet,
+        queue,
+        request_limits(settings),
+        device=settings.device,
+        threads=settings.threads,
+        adapters=adapters,
     )
     store = configured_store(settings)
     source: KafkaSource | None = None
@@ -40,7 +46,7 @@ def build_app(settings: Settings) -> FastAPI:
                 queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
             ),
             store,
-            record_rules(settings, fleet),
+            record_rules(settings, fleet, adapters),
         )
         source = KafkaSource(
             core,
@@ -71,7 +77,9 @@ def build_app(settings: Settings) -> FastAPI:
                 if source is not None:
                     await source.stop()  # drains the chunk in flight and commits
 
-    app = create_app(settings, fleet, queue, host, lifespan=lifespan, store=store)
+    app = create_app(
+        settings, fleet, queue, host, lifespan=lifespan, store=store, adapters=adapters
+    )
     app.state.host = host
     return app
 

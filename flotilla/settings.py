@@ -20,6 +20,13 @@ class Settings(BaseSettings):
     fleet: Path | None = Field(
         default=None, description="Fleet YAML file; the bundled default fleet when unset."
     )
+    model_cache_dir: Path | None = Field(
+        default=None,
+        description="Where models the fleet imports ('source: {import: ...}') are written on "
+        "first load and reused while their inputs are unchanged; "
+        "$XDG_CACHE_HOME/flotilla/models or ~/.cache/flotilla/models when unset. "
+        "multilingual-e5-small takes 490 MB there.",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="Where models run; 'auto' takes CUDA when present."
     )
@@ -82,6 +89,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(
         default=Path("flotilla-data"), description="Where the embedded store keeps its files."
     )
+    adapters_dir: Path | None = Field(
+        default=None,
+        description="Where `flotilla lora add` registers LoRA adapters (<dir>/<model>/<name>/) "
+        "and servers find them on first use; default <data-dir>/adapters.",
+    )
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL (--store qdrant).")
     qdrant_api_key: str | None = Field(default=None, description="Qdrant API key, if any.")
     ingest_max_text_bytes: int = Field(
@@ -97,6 +109,13 @@ class Settings(BaseSettings):
     )
 
     # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
+    worker_port: int = Field(
+        default=9400,
+        ge=0,
+        le=65535,
+        description="`flotilla worker`: port of its /metrics (Prometheus), /health and /ready; "
+        "0 turns it off.",
+    )
     request_topic: str = Field(
         default="flotilla.requests",
         description="Kafka topic gateways put requests on and workers pull them from.",
@@ -131,6 +150,10 @@ class Settings(BaseSettings):
         description="Largest request or reply record flotilla produces, and the topic limit "
         "it sets when creating topics. Replies of many long vectors need the room.",
     )
+
+    @property
+    def adapters_root(self) -> Path:
+        return self.adapters_dir or self.data_dir / "adapters"
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -1,17 +1,18 @@
 """Annotating a request without fully parsing it.
 
-Only the routing fields (model, adapter) are decoded; msgspec skips the
-inputs without building Python objects for them. Tokens are estimated from
-the body size; the worker decodes and tokenizes for real.
+Only the routing fields (model and adapter, or ``model: "base:adapter"``) are
+decoded; msgspec skips the inputs without building Python objects for them.
+Tokens are estimated from the body size; the worker decodes and tokenizes for real.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from embedder.errors import InvalidRequest, ModelNotFound, TaskNotSupported
+from embedder.adapters import AdapterCatalog
+from embedder.errors import InvalidRequest, TaskNotSupported
 from embedder.fleet import Fleet, ModelSpec
-from embedder.jobs import TASK_OF_SHAPE, ApiShape, EmbedJob, Task
+from embedder.jobs import TASK_OF_SHAPE, ApiShape, EmbedJob, Task, split_model
 
 
 class _Routing(msgspec.Struct):
@@ -27,8 +28,8 @@ def routing_fields(body: bytes) -> tuple[str | None, str | None]:
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
     model, adapter = routing.model, routing.adapter
-    if model and ":" in model and adapter is None:  # "base:adapter", as the OpenAI route allows
-        model, adapter = model.split(":", 1)
+    if model and adapter is None:  # "base:adapter", as the OpenAI route allows
+        model, adapter = split_model(model)
     return model or None, adapter or None
 
 
@@ -60,14 +61,12 @@ def annotate(
     timeout_s: float,
     bytes_per_token: float,
     priority: int = 0,
+    adapters: AdapterCatalog | None = None,
 ) -> EmbedJob:
     name, adapter = routing_fields(body)
     spec = resolve_model(fleet, name, TASK_OF_SHAPE[shape])
     if adapter is not None:
-        raise ModelNotFound(
-            f"adapter {adapter!r} is not registered for model {spec.name!r}; this fleet serves "
-            "no adapters"
-        )
+        (adapters or AdapterCatalog(fleet)).find(spec.name, adapter)  # 404 names the known ones
     return EmbedJob.new(
         spec.name,
         shape,

@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from embedder.adapters import AdapterCatalog
 from embedder.errors import FlotillaError
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape
@@ -41,9 +42,11 @@ def create_app(
     states: ModelStates,
     lifespan: Callable[[FastAPI], object] | None = None,
     store: VectorStore | None = None,
+    adapters: AdapterCatalog | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=__version__, lifespan=lifespan)  # type: ignore[arg-type]
-    gateway = Gateway(settings, fleet, queue, states)
+    gateway = Gateway(settings, fleet, queue, states, adapters=adapters)
+    catalog = gateway.adapters
     app.state.gateway = gateway
 
     @app.exception_handler(FlotillaError)
@@ -72,22 +75,28 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:
-        return {
-            "object": "list",
-            "data": [
+        """Every model, then each of its adapters as 'model:adapter' with the model as
+        parent (as vLLM lists LoRA modules)."""
+        data: list[dict[str, object]] = []
+        for name, spec in fleet.models.items():
+            common = {"object": "model", "created": 0, "owned_by": "flotilla"}
+            state = states.state(name)
+            data.append(
                 {
                     "id": name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "flotilla",
+                    **common,
                     "task": spec.task.value,
                     "aliases": list(spec.aliases),
-                    "state": states.state(name),
+                    "state": state,
                     **states.describe(name),
                 }
-                for name, spec in fleet.models.items()
-            ],
-        }
+            )
+            data += [
+                {"id": f"{name}:{adapter}", **common, "parent": name, "root": name,
+                 "task": spec.task.value, "state": state, "adapter": adapter}
+                for adapter in sorted(catalog.names(name))
+            ]  # fmt: skip
+        return {"object": "list", "data": data}
 
     @app.get("/health")
     async def health() -> dict[str, str]:

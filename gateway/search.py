@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from embedder.codecs import decode_raw_vectors, raw_vectors_body
 from embedder.errors import InvalidRequest
-from embedder.jobs import ApiShape, EmbedJob
+from embedder.jobs import ApiShape, EmbedJob, split_model
 from gateway.service import Gateway
 from ingest.store import VectorStore
 
@@ -38,16 +38,19 @@ class CollectionSearch:
         gateway.authorize(request)
         body = self._decode(await gateway.read_body(request))
         spec = await self.store.describe(collection)  # CollectionNotFound: 404
-        gateway.check_ready(spec.model)
+        model, adapter = split_model(spec.model)  # a collection may be embedded with an adapter
+        gateway.check_ready(model)
         job = EmbedJob.new(
-            spec.model,
+            model,
             ApiShape.RAW_VECTORS,
-            # A query longer than the model's window is cut rather than refused.
-            raw_vectors_body([body.query], truncate=True),
+            # A query longer than the model's window is cut rather than refused; a model
+            # with prompts gets its query prompt (e5: "query: ") before it.
+            raw_vectors_body([body.query], truncate=True, use="query"),
             now=now,
             timeout_s=gateway.timeout_s(request),
             bytes_per_token=gateway.settings.bytes_per_token,
             priority=gateway.priority(request),
+            adapter=adapter,
         )
         result = await gateway.run(request, job)
         vector = decode_raw_vectors(result.body, 1)[0]

@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 from starlette.requests import Request
 from starlette.responses import Response
 
+from embedder.adapters import AdapterCatalog
 from embedder.errors import (
     DeadlineExceeded,
     FlotillaError,
@@ -53,9 +54,11 @@ class Gateway:
         states: ModelStates,
         *,
         clock: Callable[[], float] = time.time,
+        adapters: AdapterCatalog | None = None,
     ) -> None:
         self.settings = settings
         self.fleet = fleet
+        self.adapters = adapters or AdapterCatalog(fleet, settings.adapters_root)
         self.queue = queue
         self.states = states
         self.clock = clock
@@ -78,6 +81,7 @@ class Gateway:
                 timeout_s=self.timeout_s(request),
                 bytes_per_token=self.settings.bytes_per_token,
                 priority=self.priority(request),
+                adapters=self.adapters,
             )
             model = job.model
             self.check_ready(model)

@@ -5,8 +5,9 @@ adapters) the corpus is embedded by the ingest core into a collection of its own
 (``<collection>.<model>``), exactly as ``flotilla ingest`` writes documents: jobs on
 the work queue, the worker's batches, the store's upserts. Each query is then embedded
 through the same queue and searched in that collection. What is measured is therefore
-what a deployment would serve, prompts, truncation and store included; the models'
-query and passage prompts are the pipeline's business, not this module's.
+what a deployment would serve, prompts, truncation and store included: the pipeline
+puts a model's document prompt before passages and its query prompt before queries
+(e5: "passage: ", "query: "); this module never writes a prompt itself.
 
 The BM25 baseline (``lora.bm25``) and the metrics (``lora.metrics``) complete a report
 of systems side by side, as a table and as JSON.
@@ -86,7 +87,7 @@ async def search_queries(
 ) -> dict[str, list[str]]:
     """Each query's top ``k`` document ids from the collection, best first."""
     qids = list(queries)
-    vectors = await core.embedder.embed([(model, queries[q]) for q in qids])
+    vectors = await core.embedder.embed([(model, queries[q]) for q in qids], use="query")
     run: dict[str, list[str]] = {}
     for qid, vector in zip(qids, vectors, strict=True):
         if isinstance(vector, FlotillaError):

@@ -1,8 +1,9 @@
 """LoRA training of a sentence-transformers encoder on (query, passage) pairs.
 
 The loop, in full: pairs into batches without repeats (``lora.batches``); the base
-model's own prompts on both sides; one forward pass for the queries and one for the
-passages through the SentenceTransformer with peft's LoRA layers in its transformer;
+model's query and passage prompts on both sides (the fleet's, which serving applies,
+else the model folder's); one forward pass for the queries and one for the passages
+through the SentenceTransformer with peft's LoRA layers in its transformer;
 cosine similarities x scale, and cross-entropy with each query's own passage as the
 target and every other passage in the batch as a negative (InfoNCE, what
 sentence-transformers calls MultipleNegativesRankingLoss); AdamW on the adapter's
@@ -76,6 +77,8 @@ class BaseModelRef:
     name: str | None = None  # the fleet name, when the base came from the fleet
     pooling: Literal["model", "mean", "cls", "last"] = "model"
     forward_tokens: int = 2048  # padded tokens per pass: the fleet profile's, for the device
+    # {"query", "passage"} prefixes; None reads them from the model folder (model.prompts)
+    prompts: dict[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -333,7 +336,7 @@ def train(
     torch_device = torch.device(device)
     seed_everything(config.train_seed)
     model = _load(base, torch_device)
-    prompts = prompts_of(model)
+    prompts = base.prompts if base.prompts is not None else prompts_of(model)
     base_sha = weights_sha256(base.path)
     peft_model = _with_lora(model, config)
     model.train()

@@ -47,3 +47,38 @@ def tiny_fleet_file(folder: Path, model_dir: Path, name: str = "tiny") -> Path:
     }
     path.write_text(yaml.safe_dump({"models": {name: spec}}), encoding="utf-8")
     return path
+
+
+def build_tiny_lora(
+    model_dir: Path, out: Path, *, seed: int, base: str | None = "tiny", rank: int = 4
+) -> Path:
+    """A LoRA adapter for a tiny embedder with random, non-zero weights (so it changes the
+    vectors), saved with peft; ``base`` goes into flotilla's manifest when given."""
+    import json
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from sentence_transformers import SentenceTransformer
+
+    inner = SentenceTransformer(str(model_dir), device="cpu")[0].auto_model
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=["query", "value"], init_lora_weights=False
+    )
+    get_peft_model(inner, config).save_pretrained(str(out))
+    if base is not None:
+        (out / "flotilla_adapter.json").write_text(json.dumps({"base": {"name": base}}))
+    return out
+
+
+def merged_embedder(model_dir: Path, adapter_dir: Path) -> object:
+    """The tiny embedder with an adapter merged into its weights: the reference that
+    serving the adapter unmerged must match."""
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    transformer = model[0]
+    peft_model = PeftModel.from_pretrained(transformer.auto_model, str(adapter_dir))
+    transformer.model = peft_model.merge_and_unload()
+    return model

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, Protocol
 
 import numpy as np
@@ -53,17 +54,28 @@ class RuntimeInfo:
 class Runtime(Protocol):
     info: RuntimeInfo
 
-    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
-        """Bi-encoders: one text per input."""
+    def tokenize(self, texts: Sequence[str], side: TruncationSide, prefix: str = "") -> Encoded:
+        """Bi-encoders: one text per input, each after ``prefix`` (a prompt such as e5's
+        "query: "). The prefix's tokens count towards the limit, and truncation on
+        either side keeps them: it cuts the text."""
         ...
 
     def tokenize_pairs(self, query: str, docs: Sequence[str], side: TruncationSide) -> Encoded:
         """Cross-encoders: (query, doc) pairs; truncation cuts the document."""
         ...
 
-    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
-        """(n, dim) pooled, unnormalized vectors, or (n,) raw scores for cross-encoders."""
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> NDArray[np.float32]:
+        """(n, dim) pooled, unnormalized vectors, or (n,) raw scores for cross-encoders.
+        ``adapters[i]`` names the resident adapter for row i (None: the base model)."""
         ...
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        """Make adapter ``name`` resident; AdapterInvalid if it does not fit."""
+        ...
+
+    def unload_adapter(self, name: str) -> None: ...
 
 
 RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]

@@ -13,19 +13,23 @@ and keeps bf16 only when it is faster and accurate.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from embedder.errors import AdapterInvalid
 from embedder.fleet import DeviceKind, ModelSpec
 from embedder.jobs import Task
 from embedder.runtimes import Encoded, RuntimeInfo, TruncationSide
+from embedder.runtimes.lora import LoraSlots
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,13 @@ class TorchRuntime:
         profile = spec.profile("cuda" if device.type == "cuda" else "cpu")
         self.forward_tokens = profile.forward_tokens
         self.forward_max_sequences = profile.forward_max_sequences
+        # Adapters go into the Hugging Face model inside the first (Transformer) module.
+        inner = (
+            getattr(module[0], "auto_model", None)
+            if isinstance(module, torch.nn.Sequential)
+            else None
+        )
+        self.lora = LoraSlots(inner, spec.name) if isinstance(inner, torch.nn.Module) else None
 
     @property
     def info(self) -> RuntimeInfo:
@@ -112,8 +123,12 @@ class TorchRuntime:
 
     # -- tokenizing -------------------------------------------------------
 
-    def _encode(self, first: list[str], second: list[str] | None, side: TruncationSide) -> Encoded:
+    def _encode(
+        self, first: list[str], second: list[str] | None, side: TruncationSide, prefix: str = ""
+    ) -> Encoded:
         tok = self.tokenizer
+        if prefix:
+            first = [prefix + text for text in first]
         full = tok(  # type: ignore[operator]
             first, second, add_special_tokens=True, truncation=False, verbose=False
         )
@@ -122,7 +137,12 @@ class TorchRuntime:
         lengths = [len(x) for x in ids]
         limit = self.max_tokens
         over = [i for i, n in enumerate(lengths) if n > limit]
-        if over:
+        if over and prefix and side == "left" and second is None:
+            for i in over:  # the tokenizer would cut the prompt off with the text's start
+                ids[i], cut_types = self._cut_left_after_prefix(first[i], len(prefix), limit)
+                if types is not None:
+                    types[i] = cut_types
+        elif over:
             tok.truncation_side = side  # type: ignore[attr-defined]
             cut = tok(  # type: ignore[operator]
                 [first[i] for i in over],
@@ -137,8 +157,36 @@ class TorchRuntime:
                     types[i] = cut["token_type_ids"][j]
         return Encoded(ids=ids, type_ids=types, full_lengths=lengths)
 
-    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
-        return self._encode(list(texts), None, side)
+    def _cut_left_after_prefix(
+        self, text: str, prefix_chars: int, limit: int
+    ) -> tuple[list[int], list[int]]:
+        """``text`` (prefix included) cut to ``limit`` tokens from the left of what follows
+        the prefix: specials and the prefix's tokens stay. A token that starts inside the
+        prefix belongs to it (offsets decide, so this holds for any fast tokenizer)."""
+        enc = self.tokenizer(  # type: ignore[operator]
+            text,
+            add_special_tokens=True,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            verbose=False,
+        )
+        ids: list[int] = enc["input_ids"]
+        types: list[int] = enc.get("token_type_ids") or [0] * len(ids)
+        content = [i for i, special in enumerate(enc["special_tokens_mask"]) if not special]
+        boundary = len(text[:prefix_chars].rstrip())
+        head = [i for i in content if enc["offset_mapping"][i][0] < boundary]
+        body = [i for i in content if enc["offset_mapping"][i][0] >= boundary]
+        lead = list(range(content[0])) if content else []
+        trail = list(range(content[-1] + 1, len(ids))) if content else []
+        room = limit - len(lead) - len(head) - len(trail)
+        if room > 0:
+            keep = lead + head + body[max(0, len(body) - room) :] + trail
+        else:  # a prompt as long as the window: nothing of the text fits
+            keep = (lead + head)[: max(0, limit - len(trail))] + trail
+        return [ids[i] for i in keep], [types[i] for i in keep]
+
+    def tokenize(self, texts: Sequence[str], side: TruncationSide, prefix: str = "") -> Encoded:
+        return self._encode(list(texts), None, side, prefix)
 
     def tokenize_pairs(self, query: str, docs: Sequence[str], side: TruncationSide) -> Encoded:
         return self._encode([query] * len(docs), list(docs), side)
@@ -169,7 +217,31 @@ class TorchRuntime:
         out: torch.Tensor = self.module(features)["sentence_embedding"]
         return out
 
-    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
+    # -- adapters ---------------------------------------------------------
+
+    def load_adapter(self, name: str, folder: Path) -> None:
+        if self.lora is None:
+            raise AdapterInvalid(
+                f"model {self.spec.name!r} takes no adapters: they are served for "
+                "sentence-transformers embedding models"
+            )
+        self.lora.load(name, folder)
+
+    def unload_adapter(self, name: str) -> None:
+        if self.lora is not None:
+            self.lora.unload(name)
+
+    def _adapter_rows(
+        self, adapters: Sequence[str | None] | None, rows: list[int]
+    ) -> contextlib.AbstractContextManager[None]:
+        if self.lora is None or not (self.lora.active or adapters):
+            return contextlib.nullcontext()
+        # Once any adapter is injected every pass names its rows, base rows included.
+        return self.lora.rows([adapters[i] if adapters else None for i in rows])
+
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> NDArray[np.float32]:
         lengths = [len(x) for x in encoded.ids]
         passes = micro_batches(lengths, self.forward_tokens, self.forward_max_sequences)
         result: NDArray[np.float32] | None = None
@@ -182,7 +254,8 @@ class TorchRuntime:
             ),
         ):
             for rows in passes:
-                out = self._run(self._tensors(encoded, rows)).float().cpu().numpy()
+                with self._adapter_rows(adapters, rows):
+                    out = self._run(self._tensors(encoded, rows)).float().cpu().numpy()
                 if result is None:
                     result = np.empty((len(encoded), *out.shape[1:]), dtype=np.float32)
                 result[rows] = out

@@ -48,6 +48,7 @@ def settings(kafka_broker: KafkaBroker, tmp_path: Path) -> Settings:
         request_partitions=2,
         reply_topic_prefix=unique_name("replies"),
         gateway_id="test",
+        worker_port=0,
         worker_group=unique_name("workers"),
         status_topic=unique_name("status"),
     )

@@ -16,7 +16,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from embedder import kafka_wire as wire
 from embedder.errors import DeadlineExceeded, InvalidRequest, NotReady
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
-from embedder.workqueue_kafka import COMMIT_INTERVAL_S, KafkaPuller, KafkaSubmitter
+from embedder.kafka_puller import COMMIT_INTERVAL_S, KafkaPuller
+from embedder.kafka_submitter import KafkaSubmitter
 from tests.distributed.helpers import eventually
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name

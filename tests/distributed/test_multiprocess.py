@@ -185,7 +185,12 @@ async def test_kill_9_a_worker_under_load_every_request_answered_once_right_or_5
     with processes() as procs:
         gateway = Process("gateway", gateway_args, tmp_path / "gateway.log")
         procs.append(gateway)
-        workers = [Process("worker", worker_args, tmp_path / f"worker-{i}.log") for i in range(2)]
+        worker_ports = [free_port() for _ in range(2)]
+        workers = [
+            Process("worker", [*worker_args, "--worker-port", str(worker_ports[i])],
+                    tmp_path / f"worker-{i}.log")
+            for i in range(2)
+        ]  # fmt: skip
         procs.extend(workers)
         # The reference vectors, computed while the workers load their models.
         want = await asyncio.to_thread(
@@ -241,6 +246,19 @@ async def test_kill_9_a_worker_under_load_every_request_answered_once_right_or_5
         assert not wrong, wrong[:10]
         assert sum(statuses.values()) == REQUESTS
         assert statuses[200] >= REQUESTS // 2, statuses  # the survivor took over
+        # The survivor's own port: ready, and its metrics count the work it did.
+        survivor = f"http://127.0.0.1:{worker_ports[1]}"
+        async with httpx.AsyncClient(base_url=survivor, timeout=5) as probe:
+            assert (await probe.get("/ready")).status_code == 200
+            worker_metrics = (await probe.get("/metrics")).text
+        done = sum(
+            sample.value
+            for family in text_string_to_metric_families(worker_metrics)
+            if family.name == "flotilla_jobs"
+            for sample in family.samples
+            if sample.name == "flotilla_jobs_total" and sample.labels.get("outcome") == "ok"
+        )
+        assert done > 0, "the surviving worker's /metrics counted no finished jobs"
         assert workers[1].stop() == 0, workers[1].tail()
         # uvicorn re-raises the SIGTERM it handled once it has shut down cleanly.
         assert gateway.stop() in (0, -signal.SIGTERM), gateway.tail()

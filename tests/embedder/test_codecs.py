@@ -18,6 +18,7 @@ from embedder.codecs import (
     decode_rerank,
     encode_embed,
     encode_rerank,
+    raw_vectors_body,
     shape_vectors,
 )
 from embedder.errors import InvalidRequest, LimitExceeded
@@ -114,6 +115,51 @@ def test_bad_embed_bodies_are_invalid_requests(shape: ApiShape, raw: bytes, mess
     with pytest.raises(InvalidRequest, match=message) as caught:
         decode_embed(shape, raw, LIMITS)
     assert caught.value.http_status == 422
+
+
+@pytest.mark.parametrize(
+    ("input_type", "use"),
+    [
+        (None, None),
+        ("query", "query"),
+        ("search_query", "query"),
+        ("document", "document"),
+        ("passage", "document"),
+        ("search_document", "document"),
+    ],
+)
+def test_input_type_says_what_the_texts_are_for(input_type: str | None, use: str | None) -> None:
+    payload: dict[str, object] = {"input": "x"}
+    if input_type is not None:
+        payload["input_type"] = input_type
+    assert decode_embed(OPENAI, body(payload), LIMITS).use == use
+    tei = {"inputs": "x", **({"input_type": input_type} if input_type else {})}
+    assert decode_embed(TEI, body(tei), LIMITS).use == use
+
+
+def test_tei_prompt_name_is_passed_on_by_name() -> None:
+    request = decode_embed(TEI, body({"inputs": "x", "prompt_name": "passage"}), LIMITS)
+    assert (request.prompt_name, request.use) == ("passage", None)
+    # The OpenAI shape has no prompt_name: ignored like any unknown field.
+    assert (
+        decode_embed(OPENAI, body({"input": "x", "prompt_name": "q"}), LIMITS).prompt_name is None
+    )
+
+
+@pytest.mark.parametrize("shape", [OPENAI, TEI])
+def test_an_unknown_input_type_is_a_422_naming_the_valid_ones(shape: ApiShape) -> None:
+    field = "input" if shape is OPENAI else "inputs"
+    with pytest.raises(InvalidRequest, match="'input_type' is 'clustering'; send one of") as caught:
+        decode_embed(shape, body({field: "x", "input_type": "clustering"}), LIMITS)
+    assert "'query'" in caught.value.message and "'passage'" in caught.value.message
+
+
+def test_raw_vectors_bodies_carry_the_use() -> None:
+    raw = ApiShape.RAW_VECTORS
+    assert decode_embed(raw, raw_vectors_body(["d"], use="document"), LIMITS).use == "document"
+    assert decode_embed(raw, raw_vectors_body(["q"], use="query"), LIMITS).use == "query"
+    plain = raw_vectors_body(["x"], truncate=True)
+    assert json.loads(plain) == {"inputs": ["x"], "truncate": True}  # unchanged without a use
 
 
 def test_too_many_inputs_names_the_limit_and_its_setting() -> None:

@@ -14,14 +14,15 @@ from embedder.errors import InvalidRequest, LimitExceeded
 from embedder.execute import LoadedModel, run_batch
 from embedder.jobs import ApiShape, EmbedJob, JobResult
 from embedder.workqueue import Outcome
-from tests.fakes import FakeRuntime, fake_fleet
+from tests.fakes import E5_PROMPTS, FakeRuntime, fake_fleet
 
 NOW = 1_000.0
 LIMITS = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.0)
 
 
-def runtime(*, cross: bool = False) -> FakeRuntime:
-    return FakeRuntime(fake_fleet("model", max_tokens=16).models["model"], cross=cross)
+def runtime(*, cross: bool = False, prompts: bool = False) -> FakeRuntime:
+    fields = E5_PROMPTS if prompts else {}
+    return FakeRuntime(fake_fleet("model", max_tokens=16, **fields).models["model"], cross=cross)
 
 
 def job(id: str, shape: ApiShape, payload: dict[str, object], waited_s: float = 0.5) -> EmbedJob:
@@ -140,3 +141,91 @@ def test_an_over_long_rerank_document_is_a_limit_error_unless_truncated() -> Non
     assert "document 1 has 33 tokens" in strict.message
     assert "limit of 16" in strict.message
     assert len(body_of(outcomes["cut"])) == 2
+
+
+# -- prompts ----------------------------------------------------------------------------
+
+
+def embedding(outcome: Outcome) -> Any:
+    body = body_of(outcome)
+    return np.asarray(body["data"][0]["embedding"] if "data" in body else body[0])
+
+
+@pytest.mark.parametrize(
+    ("shape", "payload", "prefix"),
+    [
+        (ApiShape.OPENAI_EMBEDDINGS, {"input": "a b"}, "query: "),  # the default prompt
+        (ApiShape.OPENAI_EMBEDDINGS, {"input": "a b", "input_type": "query"}, "query: "),
+        (ApiShape.OPENAI_EMBEDDINGS, {"input": "a b", "input_type": "document"}, "passage: "),
+        (ApiShape.OPENAI_EMBEDDINGS, {"input": "a b", "input_type": "passage"}, "passage: "),
+        (ApiShape.TEI_EMBED, {"inputs": "a b", "prompt_name": "passage"}, "passage: "),
+        (ApiShape.TEI_EMBED, {"inputs": "a b", "prompt_name": "query"}, "query: "),
+        (ApiShape.TEI_EMBED, {"inputs": "a b"}, "query: "),
+    ],
+)
+def test_the_chosen_prompt_comes_before_each_input(
+    shape: ApiShape, payload: dict[str, object], prefix: str
+) -> None:
+    fake = runtime(prompts=True)
+    outcome = run(fake, job("j", shape, payload))["j"]
+    np.testing.assert_allclose(
+        embedding(outcome), fake.expected_vector("a b", prefix=prefix), atol=1e-6
+    )
+
+
+def test_a_model_without_prompts_ignores_input_type() -> None:
+    fake = runtime()
+    outcome = run(fake, job("j", ApiShape.OPENAI_EMBEDDINGS, {"input": "a", "input_type": "query"}))
+    np.testing.assert_allclose(embedding(outcome["j"]), fake.expected_vector("a"), atol=1e-6)
+
+
+def test_an_unknown_prompt_name_fails_that_job_alone_with_422() -> None:
+    fake = runtime(prompts=True)
+    outcomes = run(
+        fake,
+        job("bad", ApiShape.TEI_EMBED, {"inputs": "a", "prompt_name": "search"}),
+        job("good", ApiShape.TEI_EMBED, {"inputs": "a", "prompt_name": "passage"}),
+    )
+    bad = outcomes["bad"]
+    assert isinstance(bad, InvalidRequest) and bad.http_status == 422
+    assert "its prompts: 'passage', 'query'" in bad.message
+    assert isinstance(outcomes["good"], JobResult)
+    plain = run(runtime(), job("p", ApiShape.TEI_EMBED, {"inputs": "a", "prompt_name": "query"}))
+    assert isinstance(plain["p"], InvalidRequest)
+    assert "defines no prompts" in plain["p"].message
+
+
+def test_the_prompts_tokens_count_towards_the_limit() -> None:
+    text = " ".join(["w"] * 14)  # 16 tokens with [CLS] and [SEP]: the limit exactly
+    fits = run(runtime(), job("plain", ApiShape.TEI_EMBED, {"inputs": text}))["plain"]
+    assert isinstance(fits, JobResult) and fits.prompt_tokens == 16
+    over = run(runtime(prompts=True), job("e5", ApiShape.TEI_EMBED, {"inputs": text}))["e5"]
+    assert isinstance(over, LimitExceeded)
+    assert "input 0 has 17 tokens" in over.message  # "query:" is one more word here
+
+
+def test_truncating_on_the_left_keeps_the_prompt() -> None:
+    fake = runtime(prompts=True)
+    words = [f"w{i}" for i in range(30)]
+    payload = {
+        "inputs": " ".join(words),
+        "truncate": True,
+        "truncation_direction": "left",
+        "prompt_name": "passage",
+    }
+    outcome = run(fake, job("j", ApiShape.TEI_EMBED, payload))["j"]
+    assert isinstance(outcome, JobResult) and outcome.prompt_tokens == 16
+    kept = fake.word_ids("passage: " + " ".join(words[-13:]))  # prompt + last 13 words
+    want = fake.vector_of_ids(kept)
+    np.testing.assert_allclose(embedding(outcome), want / np.linalg.norm(want), atol=1e-6)
+
+
+def test_a_bi_encoder_rerank_embeds_the_query_and_documents_with_their_prompts() -> None:
+    fake = runtime(prompts=True)
+    docs = ["one", "two words", "three more words"]
+    out = body_of(run(fake, job("r", ApiShape.TEI_RERANK, {"query": "q", "texts": docs}))["r"])
+    query = fake.expected_vector("q", prefix="query: ")
+    cosines = {
+        i: float(fake.expected_vector(d, prefix="passage: ") @ query) for i, d in enumerate(docs)
+    }
+    assert {r["index"]: r["score"] for r in out} == pytest.approx(cosines, abs=1e-5)

