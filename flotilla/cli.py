@@ -15,7 +15,7 @@ import typer
 from pydantic import ValidationError
 
 from embedder.fleet import FleetError
-from flotilla.settings import Settings
+from flotilla.settings import LoraSettings, Settings
 from flotilla.signals import exit_cleanly_until_running
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
@@ -33,39 +33,51 @@ def _flag_type(annotation: Any) -> Any:
     return str  # Literal and friends
 
 
-def with_settings(func: Callable[..., None]) -> Callable[..., None]:
-    """Give ``func(settings, ...)`` one flag per Settings field."""
-    hints = typing.get_type_hints(func, include_extras=True)  # Annotated flags survive
-    own = [
-        p.replace(annotation=hints.get(p.name, p.annotation))
-        for p in inspect.signature(func).parameters.values()
-        if p.name != "settings"
-    ]
-    setting_params = [
-        inspect.Parameter(
-            name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(None, help=field.description, show_default=False),
-            annotation=_flag_type(field.annotation) | None,
-        )
-        for name, field in Settings.model_fields.items()
-    ]
+def settings_flags(
+    cls: type[Settings] = Settings,
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Give ``func(settings, ...)`` one flag per field of ``cls`` (Settings or a subclass
+    that adds a command's own settings)."""
 
-    @functools.wraps(func)
-    def wrapper(**kwargs: Any) -> None:
-        given = {k: kwargs.pop(k) for k in list(kwargs) if k in Settings.model_fields}
-        try:
-            settings = Settings(**{k: v for k, v in given.items() if v is not None})
-        except ValidationError as exc:
-            raise typer.BadParameter(str(exc)) from exc
-        try:
-            func(settings, **kwargs)
-        except FleetError as exc:  # a missing or malformed fleet file: a usage error
-            raise typer.BadParameter(exc.message, param_hint="'--fleet' / FLOTILLA_FLEET") from exc
+    def decorate(func: Callable[..., None]) -> Callable[..., None]:
+        hints = typing.get_type_hints(func, include_extras=True)  # Annotated flags survive
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(func).parameters.values()
+            if p.name != "settings"
+        ]
+        setting_params = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(None, help=field.description, show_default=False),
+                annotation=_flag_type(field.annotation) | None,
+            )
+            for name, field in cls.model_fields.items()
+        ]
 
-    wrapper.__signature__ = inspect.Signature(own + setting_params)  # type: ignore[attr-defined]
-    wrapper.__annotations__ = {p.name: p.annotation for p in own + setting_params}
-    return wrapper
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> None:
+            given = {k: kwargs.pop(k) for k in list(kwargs) if k in cls.model_fields}
+            try:
+                settings = cls(**{k: v for k, v in given.items() if v is not None})
+            except ValidationError as exc:
+                raise typer.BadParameter(str(exc)) from exc
+            try:
+                func(settings, **kwargs)
+            except FleetError as exc:  # a missing or malformed fleet file: a usage error
+                raise typer.BadParameter(
+                    exc.message, param_hint="'--fleet' / FLOTILLA_FLEET"
+                ) from exc
+
+        wrapper.__signature__ = inspect.Signature(own + setting_params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in own + setting_params}
+        return wrapper
+
+    return decorate
+
+
+with_settings = settings_flags(Settings)
 
 
 @app.command()
@@ -238,7 +250,9 @@ VERIFY_MIN_COSINE = 0.999
 
 
 lora_app = typer.Typer(
-    help="Domain LoRA adapters: register them for serving.", no_args_is_help=True
+    help="Domain LoRA adapters: build pairs and an evaluation set, train an adapter, project "
+    "its cost, register it for serving.",
+    no_args_is_help=True,
 )
 app.add_typer(lora_app, name="lora")
 
@@ -300,6 +314,160 @@ for _name, _module, _help in (
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
+
+
+lora_data_app = typer.Typer(
+    help="Build training pairs and a held-out retrieval set.", no_args_is_help=True
+)
+lora_app.add_typer(lora_data_app, name="data")
+
+
+@lora_data_app.command("gesetze")
+def lora_data_gesetze(
+    src: Annotated[
+        Path, typer.Option("--src", help="A folder of laws as Markdown (gesetze/*.md format).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Where the files go.")] = Path(
+        "lora-data/gesetze"
+    ),
+    eval_fraction: Annotated[
+        float, typer.Option(help="Share of sections, in whole laws, held out for evaluation.")
+    ] = 0.2,
+    eval_laws: Annotated[
+        str, typer.Option(help="Hold out these laws (file stems, comma-separated) instead.")
+    ] = "",
+    seed: Annotated[int, typer.Option(help="Seeds the choice of held-out laws.")] = 0,
+) -> None:
+    """Heading -> body pairs from German laws; whole laws split into training
+    (train.jsonl) and evaluation (corpus.jsonl, queries.jsonl, qrels.tsv)."""
+    from flotilla.lora import data_gesetze
+    from lora.pairs import SplitError
+
+    if not src.is_dir():
+        raise typer.BadParameter(f"{src} is not a folder", param_hint="'--src'")
+    names = [name.strip().lower() for name in eval_laws.split(",") if name.strip()]
+    try:
+        data_gesetze(src, out, eval_fraction=eval_fraction, seed=seed, eval_laws=names)
+    except SplitError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+@lora_app.command("train")
+@settings_flags(LoraSettings)
+def lora_train(
+    settings: LoraSettings,
+    base: Annotated[
+        str, typer.Option("--base", help="A fleet model name, or a sentence-transformers folder.")
+    ],
+    pairs: Annotated[Path, typer.Option("--pairs", help="Training pairs (train.jsonl).")],
+    out: Annotated[Path, typer.Option("--out", help="The adapter folder to write.")],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the checkpoint in --out.")
+    ] = False,
+) -> None:
+    """Train a LoRA adapter with in-batch negatives; report wall time, device and cost."""
+    from embedder.errors import ModelNotFound
+    from lora.dataset import DatasetError
+    from lora.train import TrainError
+
+    if not pairs.is_file():
+        raise typer.BadParameter(f"{pairs} is not a file", param_hint="'--pairs'")
+    from flotilla.lora import train
+
+    try:
+        train(settings, base, pairs, out, resume=resume)
+    except ModelNotFound as exc:
+        raise typer.BadParameter(exc.message, param_hint="'--base'") from exc
+    except (DatasetError, TrainError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+@lora_app.command("cost")
+@settings_flags(LoraSettings)
+def lora_cost(
+    settings: LoraSettings,
+    adapter: Annotated[Path, typer.Argument(help="An adapter folder written by `lora train`.")],
+    tokens_per_s: Annotated[
+        float,
+        typer.Option(
+            "--tokens-per-s", help="Training throughput of the other device (measured there)."
+        ),
+    ],
+    gpu: Annotated[str, typer.Option("--gpu", help="l4, a10 or h100: whose price applies.")],
+) -> None:
+    """Project a trained adapter's cost onto a GPU: its measured tokens / that GPU's
+    training throughput x the GPU's list price."""
+    from flotilla.lora import GPUS, cost
+
+    if gpu not in GPUS:
+        raise typer.BadParameter(f"choose one of {sorted(GPUS)}", param_hint="'--gpu'")
+    if tokens_per_s <= 0:
+        raise typer.BadParameter("must be positive", param_hint="'--tokens-per-s'")
+    if not (adapter / "flotilla_adapter.json").is_file():
+        raise typer.BadParameter(f"{adapter} holds no flotilla_adapter.json")
+    cost(settings, adapter, tokens_per_s=tokens_per_s, gpu=gpu)
+
+
+eval_app = typer.Typer(help="Evaluate models through the pipeline.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("retrieval")
+@with_settings
+def eval_retrieval(
+    settings: Settings,
+    queries: Annotated[Path, typer.Option("--queries", help="queries.jsonl: id, text.")],
+    qrels: Annotated[Path, typer.Option("--qrels", help="qrels.tsv (BEIR) or .jsonl.")],
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model",
+            help="A fleet model, or MODEL:ADAPTER; repeat to compare models side by side.",
+        ),
+    ] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option("--corpus", help="corpus.jsonl: id, text; beside --queries when unset."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the report, per query too, as JSON.")
+    ] = None,
+    bm25: Annotated[bool, typer.Option(help="Add the BM25 baseline.")] = True,
+    bm25_language: Annotated[
+        str, typer.Option(help="Stop words and stemmer of the BM25 baseline: de or en.")
+    ] = "de",
+) -> None:
+    """Embed the corpus into --collection (one collection per model, <collection>.<model>)
+    through the pipeline and store, run the queries, and report nDCG@10, recall@10/100
+    and MRR@10 per model, with a BM25 baseline. Passages longer than a model's window
+    are cut to it."""
+    import asyncio
+
+    from flotilla.evaluate import retrieval
+    from lora.dataset import DatasetError
+    from lora.evaluate import EvalError
+
+    if not model and not bm25:
+        raise typer.BadParameter("nothing to evaluate: give --model, or keep --bm25")
+    corpus = corpus or queries.with_name("corpus.jsonl")
+    for path, flag in ((queries, "--queries"), (qrels, "--qrels"), (corpus, "--corpus")):
+        if not path.is_file():
+            raise typer.BadParameter(f"{path} is not a file", param_hint=f"'{flag}'")
+    try:
+        asyncio.run(
+            retrieval(
+                settings,
+                corpus_path=corpus,
+                queries_path=queries,
+                qrels_path=qrels,
+                models=model or [],
+                bm25=bm25,
+                bm25_language=bm25_language,
+                out=out,
+            )
+        )
+    except (DatasetError, EvalError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 def main() -> None:

@@ -87,10 +87,11 @@ class Stopped(Exception):
 
 @contextlib.asynccontextmanager
 async def ingest_stack(
-    settings: Settings, stop: asyncio.Event | None = None
+    settings: Settings, stop: asyncio.Event | None = None, *, store: VectorStore | None = None
 ) -> AsyncIterator[tuple[IngestCore, VectorStore]]:
-    """Models loaded, a worker pulling, and a core writing to the configured store.
-    Raises Stopped if ``stop`` is set before the models are loaded."""
+    """Models loaded, a worker pulling, and a core writing to the configured store (or to
+    ``store``, which it then closes). Raises Stopped if ``stop`` is set before the models
+    are loaded."""
     fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
     queue = InProcessQueue()
     adapters = adapter_catalog(settings, fleet)
@@ -102,7 +103,7 @@ async def ingest_stack(
         threads=settings.threads,
         adapters=adapters,
     )
-    store = configured_store(settings)
+    store = store or configured_store(settings)
     core = IngestCore(
         QueueEmbedder(
             queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate

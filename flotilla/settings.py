@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from lora.config import Prices, TrainConfig
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="forbid")
@@ -159,3 +161,11 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+
+class LoraSettings(Settings, TrainConfig, Prices):
+    """The settings of `flotilla lora train`: the fleet and device ones, the LoRA and
+    training knobs (``lora.config.TrainConfig``) and the prices a run's cost is counted
+    in (``lora.config.Prices``)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="forbid")

@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from embedder.codecs import decode_raw_vectors, raw_vectors_body
 from embedder.errors import FlotillaError
+from embedder.fleet import PromptUse
 from embedder.jobs import ApiShape, EmbedJob, split_model
 from embedder.workqueue import WorkQueue
 
@@ -39,13 +40,13 @@ class QueueEmbedder:
         self.priority = priority
         self.truncate = truncate  # False: an over-long document is dead-lettered, not cut
 
-    def _job(self, model: str, text: str, now: float) -> EmbedJob:
+    def _job(self, model: str, text: str, now: float, use: PromptUse) -> EmbedJob:
         base, adapter = split_model(model)  # "base:adapter" embeds with that adapter
         return EmbedJob.new(
             base,
             ApiShape.RAW_VECTORS,
-            # Documents: a model with prompts puts its document prompt (e5: "passage: ") first.
-            raw_vectors_body([text], truncate=self.truncate, use="document"),
+            # A model with prompts puts the one for this use first (e5: "passage: ").
+            raw_vectors_body([text], truncate=self.truncate, use=use),
             now=now,
             timeout_s=self.deadline_s,
             bytes_per_token=self.bytes_per_token,
@@ -53,10 +54,13 @@ class QueueEmbedder:
             adapter=adapter,
         )
 
-    async def embed(self, items: Sequence[tuple[str, str]]) -> list[Embedding]:
-        """Vectors (unit length) for ``(model, text)`` pairs, or each one's error."""
+    async def embed(
+        self, items: Sequence[tuple[str, str]], use: PromptUse = "document"
+    ) -> list[Embedding]:
+        """Vectors (unit length) for ``(model, text)`` pairs, or each one's error. The
+        texts are documents unless ``use`` says they are queries (an evaluation's)."""
         now = time.time()
-        futures = [await self.queue.put(self._job(model, text, now)) for model, text in items]
+        futures = [await self.queue.put(self._job(model, text, now, use)) for model, text in items]
         results = await asyncio.gather(*futures, return_exceptions=True)
         out: list[Embedding] = []
         for result in results:

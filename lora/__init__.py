@@ -1,0 +1,3 @@
+"""Domain LoRA adapters: data (``gesetze``, ``pairs``, ``dataset``), training
+(``batches``, ``train``, ``config``, ``manifest``, ``cost``) and retrieval evaluation
+(``metrics``, ``bm25``, ``evaluate``). ``flotilla lora`` and ``flotilla eval`` wire them."""

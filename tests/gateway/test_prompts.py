@@ -227,6 +227,10 @@ async def test_ingest_embeds_documents_and_search_embeds_queries(
     (vector,) = await QueueEmbedder(served.queue).embed([(E5, doc)])
     assert isinstance(vector, np.ndarray)
     np.testing.assert_allclose(vector, ref(reference, [doc], "passage: ")[0], atol=1e-5)
+    # An evaluation embeds its queries through the same embedder, as queries.
+    (as_query,) = await QueueEmbedder(served.queue).embed([(E5, doc)], use="query")
+    assert isinstance(as_query, np.ndarray)
+    np.testing.assert_allclose(as_query, ref(reference, [doc], "query: ")[0], atol=1e-5)
 
     # Two points: one holds the query's vector with the query prompt, one without. The
     # search must land exactly on the first.

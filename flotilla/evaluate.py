@@ -1,0 +1,79 @@
+"""Wiring for `flotilla eval retrieval`: the BM25 baseline, then each model through the
+model host, the in-process queue, the ingest core and the configured store, as
+`flotilla ingest` runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flotilla.ingest import ingest_stack, progress_bar
+from flotilla.settings import Settings
+from ingest.store import VectorStore
+from lora.dataset import read_corpus, read_qrels, read_queries
+from lora.evaluate import SystemResult, dense_system, report, score, table
+
+
+async def retrieval(
+    settings: Settings,
+    *,
+    corpus_path: Path,
+    queries_path: Path,
+    qrels_path: Path,
+    models: Sequence[str],
+    bm25: bool = True,
+    bm25_language: str = "de",
+    out: Path | None = None,
+    store: VectorStore | None = None,
+) -> dict[str, Any]:
+    corpus = read_corpus(corpus_path)
+    qrels = read_qrels(qrels_path)
+    queries = {qid: text for qid, text in read_queries(queries_path).items() if qid in qrels}
+    if not queries:
+        raise SystemExit(f"no query in {queries_path} has a judgement in {qrels_path}")
+    results: list[SystemResult] = []
+    if bm25:
+        from lora.bm25 import bm25_run
+
+        started = time.perf_counter()
+        run = bm25_run(corpus, queries, language=bm25_language)
+        results.append(
+            score("bm25", "bm25", run, qrels, timings_s={"all": time.perf_counter() - started})
+        )
+    if models:
+        # Passages longer than a model's window are cut, as search cuts queries: an
+        # evaluation scores every passage rather than refusing the long ones.
+        settings = settings.model_copy(update={"auto_truncate": True})
+        async with ingest_stack(settings, store=store) as (core, opened):
+            for model in models:
+                with progress_bar() as bar:
+                    task = bar.add_task(f"{model}: corpus", total=len(corpus), lag="")
+                    result = await dense_system(
+                        core,
+                        opened,
+                        corpus,
+                        queries,
+                        qrels,
+                        collection=settings.collection,
+                        model=model,
+                        on_chunk=functools.partial(bar.advance, task),
+                    )
+                results.append(result)
+    print(table(results))
+    document = report(
+        results, collection=settings.collection, corpus=len(corpus), queries=len(queries)
+    )
+    if out is not None:
+        await asyncio.to_thread(_write, out, json.dumps(document, indent=2) + "\n")
+        print(f"report: {out}")
+    return document
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")

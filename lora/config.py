@@ -1,0 +1,103 @@
+"""The knobs of a LoRA run and the prices its cost is counted in.
+
+Both are plain pydantic models: ``flotilla.settings.LoraSettings`` mixes them into the
+settings object, which makes every field a flag (``--lora-rank``) and an environment
+variable (``FLOTILLA_LORA_RANK``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import NoDecode
+
+
+class TrainConfig(BaseModel):
+    lora_rank: int = Field(
+        default=16, gt=0, description="LoRA rank r: capacity of the update against its size."
+    )
+    lora_alpha: int = Field(
+        default=32, gt=0, description="LoRA alpha; the update is scaled by alpha / rank."
+    )
+    lora_dropout: float = Field(
+        default=0.1, ge=0, lt=1, description="Dropout on the LoRA path during training."
+    )
+    lora_targets: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["query", "key", "value", "dense"],
+        description="Module names that get adapters, comma-separated. For BERT-style "
+        "encoders 'query,key,value,dense' covers attention and the feed-forward layers; "
+        "'query,value' trains a quarter of the parameters.",
+    )
+    train_epochs: int = Field(default=1, gt=0, description="Passes over the training pairs.")
+    train_batch_size: int = Field(
+        default=32,
+        ge=2,
+        description="Pairs per step; every other pair's passage is a negative, so larger "
+        "batches give a harder task and more memory per step.",
+    )
+    train_lr: float = Field(default=2e-4, gt=0, description="Peak learning rate (AdamW).")
+    train_warmup_ratio: float = Field(
+        default=0.1, ge=0, lt=1, description="Share of steps with a linear warm-up to the peak."
+    )
+    train_max_seq_tokens: int = Field(
+        default=256,
+        gt=0,
+        description="Longest input in training, in model tokens; longer passages are cut. "
+        "Cost grows with it; keep it at or under what serving allows.",
+    )
+    train_scale: float = Field(
+        default=20.0,
+        gt=0,
+        description="Inverse temperature of the contrastive loss (cosine x scale), as in "
+        "sentence-transformers' MultipleNegativesRankingLoss.",
+    )
+    train_seed: int = Field(default=0, description="Seeds weights, shuffling and dropout.")
+    train_autocast: Literal["auto", "float32", "bfloat16"] = Field(
+        default="auto",
+        description="Mixed precision of forward and backward: 'auto' is bf16 on CUDA and fp32 "
+        "on CPU; bf16 on a CPU with AVX512-BF16 is faster and a little less exact.",
+    )
+    train_checkpoint_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Save a resumable checkpoint every N steps; 0 saves at the end of each "
+        "epoch only.",
+    )
+    train_max_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Stop after N steps (0: run every epoch); for timing and smoke runs.",
+    )
+
+    @field_validator("lora_targets", mode="before")
+    @classmethod
+    def _split_targets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [name.strip() for name in value.split(",") if name.strip()]
+        return value
+
+
+class Prices(BaseModel):
+    """List prices per device-hour, in US dollars. Defaults are AWS on-demand prices in
+    us-east-1 (2025) for the smallest instance holding one such device, divided by the
+    devices in it; set your own (spot, reserved, another cloud) with these flags."""
+
+    price_cpu_core_hour_usd: float = Field(
+        default=0.05132,
+        ge=0,
+        description="One CPU core for an hour: c7a.medium (1 vCPU = 1 physical AMD core), "
+        "$0.05132/h.",
+    )
+    price_l4_hour_usd: float = Field(
+        default=0.8048, ge=0, description="One NVIDIA L4 for an hour: g6.xlarge, $0.8048/h."
+    )
+    price_a10_hour_usd: float = Field(
+        default=1.006, ge=0, description="One NVIDIA A10G for an hour: g5.xlarge, $1.006/h."
+    )
+    price_h100_hour_usd: float = Field(
+        default=6.88,
+        ge=0,
+        description="One NVIDIA H100 for an hour: p5.48xlarge ($55.04/h since the June 2025 "
+        "price cut) / 8 GPUs.",
+    )

@@ -1,0 +1,118 @@
+"""`flotilla lora data|train|cost` and `flotilla eval retrieval` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from flotilla.cli import app
+from lora.manifest import MANIFEST_NAME
+from tests.gateway.conftest import hub_offline
+from tests.lora.laws import write_laws
+
+pytestmark = pytest.mark.usefixtures("clean_env")
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def test_data_gesetze_writes_the_sets(runner: CliRunner, tmp_path: Path) -> None:
+    laws = write_laws(tmp_path / "laws")
+    out = tmp_path / "set"
+    result = runner.invoke(
+        app, ["lora", "data", "gesetze", "--src", str(laws), "--out", str(out),
+              "--eval-laws", "TURLG"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "evaluation on turlg: 4 passages" in result.output
+    for name in ("train.jsonl", "corpus.jsonl", "queries.jsonl", "qrels.tsv", "split.json"):
+        assert (out / name).is_file()
+
+
+def test_data_gesetze_refuses_what_it_cannot_split(runner: CliRunner, tmp_path: Path) -> None:
+    laws = write_laws(tmp_path / "laws")
+    result = runner.invoke(
+        app, ["lora", "data", "gesetze", "--src", str(laws), "--eval-laws", "bgb"]
+    )
+    assert result.exit_code == 2 and "unknown laws" in result.output
+    result = runner.invoke(app, ["lora", "data", "gesetze", "--src", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "is not a folder" in result.output
+
+
+def test_train_settings_are_flags_and_environment(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flotilla.lora
+
+    calls: list[tuple[object, ...]] = []
+    monkeypatch.setattr(flotilla.lora, "train", lambda *args, **kw: calls.append(args))
+    monkeypatch.setenv("FLOTILLA_LORA_TARGETS", "query,value")
+    pairs = tmp_path / "train.jsonl"
+    pairs.write_text('{"query": "a", "positive": "b"}\n')
+    result = runner.invoke(
+        app, ["lora", "train", "--base", "all-minilm-l6-v2", "--pairs", str(pairs),
+              "--out", str(tmp_path / "a"), "--lora-rank", "8", "--price-l4-hour-usd", "0.5"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    settings = calls[0][0]
+    assert settings.lora_rank == 8  # type: ignore[attr-defined]
+    assert settings.lora_targets == ["query", "value"]  # type: ignore[attr-defined]
+    assert settings.price_l4_hour_usd == 0.5  # type: ignore[attr-defined]
+
+
+def test_train_names_a_missing_base(runner: CliRunner, tmp_path: Path) -> None:
+    pairs = tmp_path / "train.jsonl"
+    pairs.write_text('{"query": "a", "positive": "b"}\n')
+    result = runner.invoke(
+        app, ["lora", "train", "--base", "no-such-model", "--pairs", str(pairs),
+              "--out", str(tmp_path / "a")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "no-such-model" in result.output and "all-minilm-l6-v2" in result.output
+
+
+def test_eval_needs_something_to_evaluate(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["eval", "retrieval", "--queries", str(tmp_path / "q.jsonl"), "--qrels",
+              str(tmp_path / "r.tsv"), "--no-bm25"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "nothing to evaluate" in result.output
+
+
+@pytest.mark.slow
+def test_train_then_cost_on_a_fleet_model(
+    runner: CliRunner, tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"models": {"tiny": {"source": {"path": str(
+        tiny_models["tiny-a"])}}}}))  # fmt: skip
+    laws = write_laws(tmp_path / "laws")
+    data = tmp_path / "set"
+    assert runner.invoke(app, ["lora", "data", "gesetze", "--src", str(laws), "--out",
+                               str(data), "--eval-laws", "tverf"]).exit_code == 0  # fmt: skip
+    out = tmp_path / "adapter"
+    with hub_offline():
+        result = runner.invoke(
+            app, ["lora", "train", "--base", "tiny", "--pairs", str(data / "train.jsonl"),
+                  "--out", str(out), "--fleet", str(fleet), "--device", "cpu",
+                  "--lora-rank", "2", "--train-batch-size", "2", "--train-max-steps", "2"],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "tokens/s" in result.output and "core-seconds" in result.output
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["base"]["name"] == "tiny" and manifest["training"]["steps"] == 2
+
+    result = runner.invoke(
+        app, ["lora", "cost", str(out), "--tokens-per-s", "1000", "--gpu", "h100",
+              "--price-h100-hour-usd", "3.6"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    projected = json.loads(result.output)["projected"]
+    assert projected["seconds"] == pytest.approx(manifest["measured"]["tokens"] / 1000)
+    assert projected["usd"] == pytest.approx(projected["seconds"] / 3600 * 3.6)

@@ -1,0 +1,189 @@
+"""Training a tiny random BERT for a few steps: an adapter folder peft loads, embeddings
+that change, a manifest with its cost, and a resumed run that ends where an
+uninterrupted one does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import lora.train
+from lora.config import Prices, TrainConfig
+from lora.dataset import write_jsonl
+from lora.manifest import MANIFEST_NAME, weights_sha256
+from lora.train import BaseModelRef, prompts_of, train
+from tests.gateway.conftest import hub_offline
+
+pytestmark = pytest.mark.slow
+
+TOPICS = ["Urlaub", "Kündigung", "Miete", "Erbschaft", "Kaufvertrag", "Haftung", "Verjährung"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models: dict[str, Path]) -> Path:
+    return tiny_models["tiny-a"]
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("pairs") / "train.jsonl"
+    rows = [
+        {"query": f"{topic} {i}", "positive": f"Die Regeln über {topic} im Fall {i} und {i * 7}."}
+        for i in range(6)
+        for topic in TOPICS
+    ]
+    write_jsonl(path, rows)
+    return path
+
+
+def config(**overrides: object) -> TrainConfig:
+    values: dict[str, object] = {
+        "lora_rank": 4,
+        "lora_alpha": 8,
+        "lora_dropout": 0.0,
+        "lora_targets": ["query", "value"],
+        "train_batch_size": 8,
+        "train_lr": 1e-2,
+        "train_max_seq_tokens": 32,
+    }
+    return TrainConfig.model_validate(values | overrides)
+
+
+def embed(model_dir: Path, adapter: Path | None, texts: list[str]) -> np.ndarray:
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(model_dir), device="cpu")
+    if adapter is not None:
+        model.load_adapter(str(adapter))
+    return np.asarray(model.encode(texts, convert_to_numpy=True))
+
+
+def test_training_writes_an_adapter_that_changes_embeddings(
+    tiny: Path, pairs: Path, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+    from transformers import BertModel
+
+    out = tmp_path / "adapter"
+    with hub_offline():
+        manifest = train(
+            BaseModelRef(tiny, "tiny"), pairs, out, config(), Prices(), show_progress=False
+        )
+        assert {"adapter_config.json", "adapter_model.safetensors", MANIFEST_NAME} <= {
+            p.name for p in out.iterdir()
+        }
+        assert not (out / "checkpoint").exists()
+        loaded = PeftModel.from_pretrained(BertModel.from_pretrained(str(tiny)), str(out))
+        assert loaded.peft_config["default"].r == 4
+        texts = ["Urlaub 1", "Die Regeln über Miete im Fall 3 und 21."]
+        before, after = embed(tiny, None, texts), embed(tiny, out, texts)
+    assert not np.allclose(before, after, atol=1e-4)
+
+    written = json.loads((out / MANIFEST_NAME).read_text())
+    assert written["base"] == {
+        "name": "tiny", "path": str(tiny), "weights_sha256": weights_sha256(tiny)
+    }  # fmt: skip
+    assert written["adapter"]["rank"] == 4 and written["adapter"]["targets"] == ["query", "value"]
+    assert (
+        written["training"]["pairs"] == 42
+        and written["training"]["steps"] == manifest.training.steps
+    )
+    assert written["training"]["data_sha256"]
+    measured, cost = written["measured"], written["cost"]
+    assert measured["device"] == "cpu" and measured["tokens"] > 0 and measured["tokens_per_s"] > 0
+    assert measured["wall_s"] >= measured["train_s"] > 0 and measured["tokens_per_core_s"] > 0
+    assert cost["device_seconds"] == pytest.approx(measured["threads"] * measured["wall_s"])
+    assert cost["usd"] == pytest.approx(
+        cost["device_seconds"] / 3600 * Prices().price_cpu_core_hour_usd
+    )
+    assert set(written["versions"]) >= {"torch", "transformers", "peft"}
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(
+    tiny: Path, pairs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from safetensors.torch import load_file
+
+    knobs = config(train_epochs=2, train_checkpoint_steps=2)
+    with hub_offline():
+        whole = train(BaseModelRef(tiny), pairs, tmp_path / "whole", knobs, Prices(),
+                      show_progress=False)  # fmt: skip
+
+        real_loss = lora.train.contrastive_loss
+        calls = 0
+
+        def crash_at_step_8(*args: object, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            if calls == 8:
+                raise KeyboardInterrupt
+            return real_loss(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(lora.train, "contrastive_loss", crash_at_step_8)
+        with pytest.raises(KeyboardInterrupt):
+            train(BaseModelRef(tiny), pairs, tmp_path / "resumed", knobs, Prices(),
+                  show_progress=False)  # fmt: skip
+        assert (tmp_path / "resumed" / "checkpoint").is_dir()
+        monkeypatch.setattr(lora.train, "contrastive_loss", real_loss)
+        resumed = train(BaseModelRef(tiny), pairs, tmp_path / "resumed", knobs, Prices(),
+                        resume=True, show_progress=False)  # fmt: skip
+
+    assert resumed.training.steps == whole.training.steps
+    a = load_file(str(tmp_path / "whole" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "resumed" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key])
+
+
+def test_training_prefixes_the_base_models_prompts(
+    tiny: Path, pairs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    with hub_offline():
+        model = SentenceTransformer(str(tiny), device="cpu")
+        model.prompts = {"query": "query: ", "document": "passage: "}
+        model.save(str(tmp_path / "e5-like"))
+        seen: list[str] = []
+        real_call = lora.train._Encoder.__call__
+
+        def recording(self: lora.train._Encoder, texts: list[str]) -> torch.Tensor:
+            seen.extend(texts)
+            return real_call(self, texts)
+
+        monkeypatch.setattr(lora.train._Encoder, "__call__", recording)
+        manifest = train(BaseModelRef(tmp_path / "e5-like"), pairs, tmp_path / "out",
+                         config(train_max_steps=1), Prices(), show_progress=False)  # fmt: skip
+    assert manifest.training.prompts == {"query": "query: ", "passage": "passage: "}
+    queries, passages = seen[:8], seen[8:16]
+    assert all(q.startswith("query: ") for q in queries)
+    assert all(p.startswith("passage: Die Regeln") for p in passages)
+
+
+def test_passes_sorted_by_length_give_the_embeddings_of_one_padded_pass(tiny: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    with hub_offline():
+        model = SentenceTransformer(str(tiny), device="cpu").eval()
+    texts = ["kurz", "ein etwas längerer Satz über Miete", "mittel lang hier", "x " * 30]
+    cpu = torch.device("cpu")
+    one_pass = lora.train._Encoder(model, 32, cpu, forward_tokens=10_000)
+    sorted_passes = lora.train._Encoder(model, 32, cpu, forward_tokens=40)
+    with torch.no_grad():
+        torch.testing.assert_close(sorted_passes(texts), one_pass(texts), atol=1e-5, rtol=1e-4)
+    assert sorted_passes.tokens == one_pass.tokens
+    assert sorted_passes.padded_tokens < one_pass.padded_tokens
+
+
+def test_prompt_names_follow_sentence_transformers() -> None:
+    class WithPrompts:
+        def __init__(self) -> None:
+            self.prompts = {"query": "query: ", "document": "", "passage": "passage: "}
+
+    assert prompts_of(WithPrompts()) == {"query": "query: ", "passage": "passage: "}
+    assert prompts_of(object()) == {"query": "", "passage": ""}
