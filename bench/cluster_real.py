@@ -43,6 +43,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import yaml
 
 from bench import report, served, texts
 from bench.processes import HOST, Child, Children, free_port, wait_until
@@ -328,6 +329,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     logs.mkdir(parents=True, exist_ok=True)
     for old in logs.glob("*.log"):  # the last run's
         old.unlink()
+    if args.fleet is None:  # every process loads the measured model only, not the whole fleet
+        args.fleet = logs / "fleet.yaml"
+        args.fleet.write_text(yaml.safe_dump(served.one_model_fleet(spec)), encoding="utf-8")
     env = {"HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
     with contextlib.ExitStack() as stack:
         data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flotilla-cr-")))

@@ -128,6 +128,7 @@ class KafkaPuller(Lifecycle):
         self._released = asyncio.Event()  # set whenever a job leaves _held
         self._rebalancing = False  # pull hands out nothing while partitions move
         self._draining = False  # nor after drain()
+        self._started = False  # nor before the consumer has joined
         self._abandoned = False  # after drain() ran out of time: nothing more is answered
 
     async def start(self) -> None:
@@ -159,12 +160,16 @@ class KafkaPuller(Lifecycle):
         await self._producer.start()
         self._consumer.subscribe([self.topic], listener=_Rebalance(self))
         await self._consumer.start()
+        # Only now may pull() fetch: the worker pulls as soon as its first model loads,
+        # and a consumer still starting has no coordinator yet.
+        self._started = True
         self._committer = watch(asyncio.create_task(self._commit_loop(), name="kafka-commits"))
 
     async def stop(self) -> None:
         """Commit what is answered and leave the group (its partitions move at once).
         Call ``drain`` first to finish the work in hand."""
         consumer, self._consumer = self._consumer, None
+        self._started = False
         if consumer is None:
             return
         self._draining = True
@@ -199,7 +204,7 @@ class KafkaPuller(Lifecycle):
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
     ) -> list[EmbedJob]:
-        if self._consumer is None or self._rebalancing or self._draining:
+        if self._consumer is None or not self._started or self._rebalancing or self._draining:
             await asyncio.sleep(timeout_s)
             return []
         if not self._buffer:

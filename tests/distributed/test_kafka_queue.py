@@ -311,3 +311,19 @@ async def committed(names: Names, partition: int) -> int | None:
         return await consumer.committed(TopicPartition(names.requests, partition))  # type: ignore[no-any-return]
     finally:
         await consumer.stop()
+
+
+async def test_pulling_while_the_consumer_joins_waits_instead_of_failing(names: Names) -> None:
+    """A worker pulls as soon as its first model loads, which can be while the puller is
+    still joining the group: those pulls come back empty, and the loop survives."""
+    p = puller(names)
+    starting = asyncio.create_task(p.start())
+    pulls = 0
+    while not starting.done():
+        assert await p.pull(["alpha"], 1_000, 0.001) == []
+        pulls += 1
+    await starting
+    try:
+        assert pulls > 1
+    finally:
+        await p.stop()
