@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import math
 import random
@@ -36,6 +35,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from embedder.lifecycle import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +178,7 @@ class Router:
 
     async def stop(self) -> None:
         poller, self._poller = self._poller, None
-        if poller is not None:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+        await cancel_and_wait(poller)
         session, self._session = self._session, None
         if session is not None:
             await session.close()

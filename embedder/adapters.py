@@ -9,6 +9,7 @@ can tell an unknown adapter (404) before a request reaches the queue.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -119,7 +120,7 @@ class AdapterCatalog:
         if self.root is None:
             raise AdapterInvalid("no adapters directory is configured (--adapters-dir)")
         spec = self.fleet.get(model)
-        check_adapter(spec, name, source)
+        info = check_adapter(spec, name, source)
         target = self.root / spec.name / name
         if target.exists() or name in spec.adapters:
             raise AdapterInvalid(f"adapter {name!r} already exists for {spec.name!r} ({target})")
@@ -128,7 +129,7 @@ class AdapterCatalog:
         shutil.copytree(source, staging, dirs_exist_ok=True)
         staging.rename(target)
         self._scan(spec.name)
-        return check_adapter(spec, name, target)
+        return dataclasses.replace(info, folder=target)
 
 
 class ResidentAdapters:

@@ -31,7 +31,7 @@ from embedder.batching import urgency
 from embedder.errors import LimitExceeded, NotReady
 from embedder.jobs import EmbedJob
 from embedder.kafka_topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
-from embedder.lifecycle import Lifecycle, watch
+from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.workqueue import Outcome
 
 log = logging.getLogger(__name__)
@@ -173,10 +173,7 @@ class KafkaPuller(Lifecycle):
         if consumer is None:
             return
         self._draining = True
-        if self._committer is not None:
-            self._committer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._committer
+        await cancel_and_wait(self._committer)
         if self._replies:
             await asyncio.wait(set(self._replies), timeout=10.0)
         await self._commit(consumer)

@@ -18,7 +18,6 @@ has passed when a worker reads it is skipped.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import time
@@ -47,7 +46,7 @@ from embedder.errors import (
 )
 from embedder.jobs import EmbedJob, JobResult
 from embedder.kafka_topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
-from embedder.lifecycle import Lifecycle, watch
+from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +124,7 @@ class KafkaSubmitter(Lifecycle):
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
         for future, _ in list(self._waiters.values()):
             if not future.done():
                 future.set_exception(NotReady("the gateway is shutting down"))

@@ -4,9 +4,10 @@ background tasks so that none dies silently."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,17 @@ def watch(task: asyncio.Task[None]) -> asyncio.Task[None]:
 
     task.add_done_callback(crashed)
     return task
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel every task, then wait until each has finished unwinding (its ``finally``
+    blocks run before the caller goes on to close what they use)."""
+    live = [task for task in tasks if task is not None]
+    for task in live:
+        task.cancel()
+    for task in live:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class Lifecycle:

@@ -10,7 +10,6 @@ loop never blocks and the device is never shared between two batches.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -23,6 +22,7 @@ from embedder.codecs import RequestLimits
 from embedder.errors import DeadlineExceeded, FlotillaError, InferenceFailed
 from embedder.execute import BatchReport, LoadedModel, run_batch
 from embedder.jobs import EmbedJob
+from embedder.lifecycle import cancel_and_wait
 from embedder.workqueue import JobPuller
 
 log = logging.getLogger(__name__)
@@ -67,11 +67,7 @@ class Worker:
     async def stop(self) -> None:
         """Stop pulling; fail whatever was pulled but not run, so nothing hangs."""
         tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*tasks)
         leftovers = [*self._running, *self._forming, *self._pending]
         while not self._ready.empty():
             leftovers.extend(self._ready.get_nowait())

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from embedder.kafka_topics import TopicSpec, ensure_topics
-from embedder.lifecycle import Lifecycle, watch
+from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from gateway.service import ModelState, ModelStates
 
 log = logging.getLogger(__name__)
@@ -74,9 +74,7 @@ class WorkerHeartbeat(Lifecycle):
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
         assert self._producer is not None
         with contextlib.suppress(KafkaError):
             await self._send(leaving=True)
@@ -151,9 +149,7 @@ class FleetStatus(Lifecycle):
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
         assert self._consumer is not None
         await self._consumer.stop()
 
