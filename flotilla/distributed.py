@@ -137,7 +137,7 @@ async def run_worker(
         if settings.worker_port:
             await http.start()
         await host.start()
-        loaded, _ = await unless_stopped(host.wait_ready(), stop)
+        loaded = await unless_stopped(host.wait_ready(), stop)
         if not loaded:
             return
         if not host.loaded:

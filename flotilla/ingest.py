@@ -112,7 +112,7 @@ async def ingest_stack(
         record_rules(settings, fleet, adapters),
     )
     async with host, store:
-        loaded, _ = await unless_stopped(host.wait_ready(), stop or asyncio.Event())
+        loaded = await unless_stopped(host.wait_ready(), stop or asyncio.Event())
         if not loaded:
             raise Stopped
         if not host.loaded:

@@ -7,9 +7,6 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable
-from typing import TypeVar
-
-T = TypeVar("T")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -30,9 +27,8 @@ def stop_event() -> asyncio.Event:
     return stop
 
 
-async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> tuple[bool, T | None]:
-    """Await ``work`` unless ``stop`` comes first, which cancels it.
-    Returns (finished, result)."""
+async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Await ``work`` unless ``stop`` comes first, which cancels it; True if it finished."""
     working = asyncio.ensure_future(work)
     stopping = asyncio.ensure_future(stop.wait())
     try:
@@ -41,5 +37,6 @@ async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> tuple[bool,
         stopping.cancel()
     if not working.done():
         working.cancel()
-        return False, None
-    return True, working.result()
+        return False
+    working.result()  # re-raise what stopped it
+    return True
