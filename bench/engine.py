@@ -111,7 +111,7 @@ def padded_tokens_st(lengths: Sequence[int], text_lengths: Sequence[int], batch_
 
 
 def padded_tokens_flotilla(lengths: Sequence[int], profile: Profile) -> int:
-    from embedder.runtimes.torch_st import micro_batches
+    from embedder.batching import micro_batches
 
     passes = micro_batches(lengths, profile.forward_tokens, profile.forward_max_sequences)
     return sum(len(rows) * max(lengths[i] for i in rows) for rows in passes)

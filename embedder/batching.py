@@ -1,8 +1,11 @@
-"""Forming a batch: a pure function of the pending jobs, the limits and the time.
+"""Batching, in one place: pure functions of the jobs, the limits and the time.
 
-No I/O and no hidden clock, so it can be tested exhaustively. The worker
-calls ``flush_delay`` to learn when to form a batch and ``form_batch`` to
-form it.
+No I/O, no hidden clock and no torch, so they can be tested exhaustively:
+
+- ``take_within``: jobs in a given order up to a token budget; every queue's
+  ``pull`` and ``form_batch`` fill by it.
+- ``flush_delay`` and ``form_batch``: when the worker forms a batch, and which.
+- ``micro_batches``: how a runtime splits one batch into forward passes.
 
 Fairness: groups (model, adapter, task) compete by their most urgent job,
 earliest deadline first; a model whose limits mix adapters groups by (model,
@@ -57,6 +60,34 @@ def urgency(job: EmbedJob) -> tuple[float, int, float, str]:
     return (job.deadline, job.priority, job.enqueued_at, job.id)
 
 
+def take_within(
+    jobs: Iterable[EmbedJob],
+    max_tokens: int,
+    max_requests: int | None = None,
+    *,
+    skip_misfits: bool = False,
+) -> list[EmbedJob]:
+    """Jobs in the order given while their estimated tokens fit ``max_tokens``.
+
+    The first job is always taken, so one larger than the whole budget runs alone rather
+    than starving. At a job that does not fit, taking stops, or with ``skip_misfits``
+    goes on to later, smaller ones. The iterator is advanced only to decide on the next
+    job: a queue may hand out its heads lazily and pop each one once it is taken.
+    """
+    taken: list[EmbedJob] = []
+    tokens = 0
+    for job in jobs:
+        if max_requests is not None and len(taken) >= max_requests:
+            break
+        if taken and tokens + job.est_tokens > max_tokens:
+            if skip_misfits:
+                continue
+            break
+        taken.append(job)
+        tokens += job.est_tokens
+    return taken
+
+
 def _split_live(
     pending: Iterable[EmbedJob], now: float, cancelled: Set[str]
 ) -> tuple[list[EmbedJob], list[tuple[EmbedJob, DropReason]]]:
@@ -90,15 +121,12 @@ def form_batch(
     first = min(live, key=urgency)
     group = group_key(first, limits)
     limit = limits[first.model]
-    chosen: list[EmbedJob] = []
-    tokens = 0
-    for job in sorted((j for j in live if group_key(j, limits) == group), key=urgency):
-        if len(chosen) >= limit.max_requests:
-            break
-        if chosen and tokens + job.est_tokens > limit.max_tokens:
-            continue
-        chosen.append(job)
-        tokens += job.est_tokens
+    chosen = take_within(
+        sorted((j for j in live if group_key(j, limits) == group), key=urgency),
+        limit.max_tokens,
+        limit.max_requests,
+        skip_misfits=True,
+    )
     taken = {job.id for job in chosen}
     remaining = tuple(job for job in live if job.id not in taken)
     chosen.sort(key=lambda job: (job.est_tokens, job.id))
@@ -124,3 +152,22 @@ def flush_delay(
         due = min(job.enqueued_at + limit.max_wait_s, job.deadline)
         delay = min(delay, max(0.0, due - now))
     return delay
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int, max_sequences: int) -> list[list[int]]:
+    """Indices grouped into forward passes, shortest first; each pass holds at most
+    ``max_tokens`` padded tokens (a single longer input still gets its own pass)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    passes: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # Sorted ascending, so lengths[i] is the padded width if i joins this pass.
+        if current and (
+            (len(current) + 1) * lengths[i] > max_tokens or len(current) >= max_sequences
+        ):
+            passes.append(current)
+            current = []
+        current.append(i)
+    if current:
+        passes.append(current)
+    return passes

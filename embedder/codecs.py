@@ -16,10 +16,9 @@ from numpy.typing import NDArray
 
 from embedder.errors import InvalidRequest, LimitExceeded
 from embedder.fleet import PromptUse
-from embedder.jobs import ApiShape
+from embedder.jobs import ApiShape, TruncationSide
 
 _B = TypeVar("_B")
-TruncationSide = Literal["right", "left"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from embedder.batching import BatchLimits
 from embedder.codecs import RequestLimits
 from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.jobs import ModelState
 from embedder.runtimes import Runtime, detect_device, load_runtime
 from embedder.worker import Worker
 from embedder.workqueue import JobPuller
@@ -52,8 +53,9 @@ class ModelHost:
         self.worker: Worker | None = None
         self._task: asyncio.Task[None] | None = None
 
-    # ModelStates, read by the gateway
-    def state(self, model: str) -> Literal["loading", "ready", "failed"]:
+    # -- ModelStates -----------------------------------------------------
+
+    def state(self, model: str) -> ModelState:
         if model in self.failed:
             return "failed"
         return "ready" if self.worker is not None and model in self.loaded else "loading"

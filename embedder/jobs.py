@@ -12,6 +12,7 @@ import enum
 import math
 import uuid
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 
 class Task(enum.StrEnum):
@@ -36,6 +37,22 @@ TASK_OF_SHAPE: dict[ApiShape, Task] = {
     ApiShape.COHERE_RERANK: Task.RERANK,
     ApiShape.RAW_VECTORS: Task.EMBED,
 }
+
+
+# Which end of an over-long input is cut: requests say it, runtimes do it.
+TruncationSide = Literal["right", "left"]
+
+ModelState = Literal["loading", "ready", "failed"]
+
+
+class ModelStates(Protocol):
+    """What is known of the models behind the queue: the model host of this process, or
+    the heartbeats of other processes' workers. The gateway reads it for 503s, /ready
+    and /v1/models."""
+
+    def state(self, model: str) -> ModelState: ...
+
+    def describe(self, model: str) -> dict[str, object]: ...
 
 
 def split_model(name: str) -> tuple[str, str | None]:

@@ -27,7 +27,7 @@ from aiokafka.errors import (
 from prometheus_client import Counter as MetricCounter
 
 from embedder import kafka_wire as wire
-from embedder.batching import urgency
+from embedder.batching import take_within, urgency
 from embedder.errors import LimitExceeded, NotReady
 from embedder.jobs import EmbedJob
 from embedder.kafka_topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
@@ -218,13 +218,7 @@ class KafkaPuller(Lifecycle):
                 job.id, NotReady(f"the worker that took this request does not serve {job.model!r}")
             )
         self._buffer = sorted((job for job in self._buffer if job.model in models), key=urgency)
-        taken: list[EmbedJob] = []
-        tokens = 0
-        for job in self._buffer:
-            if taken and tokens + job.est_tokens > max_tokens:
-                break
-            taken.append(job)
-            tokens += job.est_tokens
+        taken = take_within(self._buffer, max_tokens)
         del self._buffer[: len(taken)]
         return taken
 

@@ -14,10 +14,10 @@ import asyncio
 import functools
 import heapq
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Iterator
 from typing import Protocol
 
-from embedder.batching import urgency
+from embedder.batching import take_within, urgency
 from embedder.errors import FlotillaError
 from embedder.jobs import EmbedJob, JobResult
 
@@ -99,16 +99,14 @@ class InProcessQueue:
                     )
                 except TimeoutError:
                     return []
-            taken: list[EmbedJob] = []
-            tokens = 0
-            while (heap := self._most_urgent(models)) is not None:
-                job = heap[0][1]
-                if taken and tokens + job.est_tokens > max_tokens:
-                    break
-                heapq.heappop(heap)
-                taken.append(job)
-                tokens += job.est_tokens
-            return taken
+            return take_within(self._heads(models), max_tokens)
+
+    def _heads(self, models: Collection[str]) -> Iterator[EmbedJob]:
+        """Live jobs most urgent first; each is popped only when the next one is asked
+        for, that is once the caller has taken it."""
+        while (heap := self._most_urgent(models)) is not None:
+            yield heap[0][1]
+            heapq.heappop(heap)
 
     def _most_urgent(
         self, models: Collection[str]

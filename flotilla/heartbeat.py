@@ -23,9 +23,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from embedder.jobs import ModelState, ModelStates
 from embedder.kafka_topics import TopicSpec, ensure_topics
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
-from gateway.service import ModelState, ModelStates
 
 log = logging.getLogger(__name__)
 

@@ -11,13 +11,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from embedder.adapters import AdapterCatalog
 from embedder.errors import FlotillaError
 from embedder.fleet import Fleet
-from embedder.jobs import ApiShape
+from embedder.jobs import ApiShape, ModelStates
 from embedder.workqueue import JobSubmitter
 from flotilla import __version__
 from flotilla.settings import Settings
 from gateway import metrics
 from gateway.search import CollectionSearch
-from gateway.service import Gateway, ModelStates
+from gateway.service import Gateway
 from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {

@@ -7,7 +7,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,22 +22,12 @@ from embedder.errors import (
     Unauthorized,
 )
 from embedder.fleet import Fleet
-from embedder.jobs import ApiShape, EmbedJob, JobResult
+from embedder.jobs import ApiShape, EmbedJob, JobResult, ModelStates
 from embedder.workqueue import JobSubmitter
 from flotilla.settings import Settings
 from gateway import metrics
 from gateway.admission import Admission, RateMeter
 from gateway.annotate import annotate
-
-ModelState = Literal["loading", "ready", "failed"]
-
-
-class ModelStates(Protocol):
-    """What the gateway knows of the models behind the queue."""
-
-    def state(self, model: str) -> ModelState: ...
-
-    def describe(self, model: str) -> dict[str, object]: ...
 
 
 class ClientGone(FlotillaError):

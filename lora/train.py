@@ -42,7 +42,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from embedder.runtimes.torch_st import micro_batches
+from embedder.batching import micro_batches
 from lora.batches import batches
 from lora.config import Prices, TrainConfig
 from lora.cost import run_cost

@@ -13,7 +13,8 @@ from numpy.typing import NDArray
 
 from embedder.errors import AdapterInvalid
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
-from embedder.runtimes import Encoded, RuntimeInfo, TruncationSide
+from embedder.jobs import TruncationSide
+from embedder.runtimes import Encoded, RuntimeInfo
 
 FAIL_MARKER = "FAIL-THIS-BATCH"
 

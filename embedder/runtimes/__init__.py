@@ -13,8 +13,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from embedder.fleet import DeviceKind, ModelSpec
-
-TruncationSide = Literal["right", "left"]
+from embedder.jobs import TruncationSide
 
 
 @dataclass(frozen=True, slots=True)

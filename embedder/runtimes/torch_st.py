@@ -25,10 +25,11 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from embedder.batching import micro_batches
 from embedder.errors import AdapterInvalid
 from embedder.fleet import DeviceKind, ModelSpec
-from embedder.jobs import Task
-from embedder.runtimes import Encoded, RuntimeInfo, TruncationSide
+from embedder.jobs import Task, TruncationSide
+from embedder.runtimes import Encoded, RuntimeInfo
 from embedder.runtimes.lora import LoraSlots
 
 log = logging.getLogger(__name__)
@@ -44,25 +45,6 @@ CALIBRATION_TEXT = (
     "sonstiges Recht eines anderen widerrechtlich verletzt, ist dem anderen zum Ersatz des "
     "daraus entstehenden Schadens verpflichtet. "
 )
-
-
-def micro_batches(lengths: Sequence[int], max_tokens: int, max_sequences: int) -> list[list[int]]:
-    """Indices grouped into forward passes, shortest first; each pass holds at most
-    ``max_tokens`` padded tokens (a single longer input still gets its own pass)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    passes: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        # Sorted ascending, so lengths[i] is the padded width if i joins this pass.
-        if current and (
-            (len(current) + 1) * lengths[i] > max_tokens or len(current) >= max_sequences
-        ):
-            passes.append(current)
-            current = []
-        current.append(i)
-    if current:
-        passes.append(current)
-    return passes
 
 
 def cpu_has_bf16() -> bool:

@@ -21,7 +21,7 @@ from bench.cluster_sim import (
     max_load,
     simulate,
 )
-from embedder.runtimes.torch_st import micro_batches
+from embedder.batching import micro_batches
 
 COST = CostModel(
     label="test: fixed",

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from embedder.fleet import load_fleet
+from embedder.jobs import ModelState
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.heartbeat import WorkerHeartbeat
 from flotilla.settings import Settings
-from gateway.service import ModelState
 from tests.distributed.helpers import eventually
 from tests.fakes import FAIL_MARKER, FakeLoader
 from tests.gateway.conftest import running_stack

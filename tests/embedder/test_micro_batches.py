@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedder.runtimes.torch_st import micro_batches
+from embedder.batching import micro_batches
 
 lengths_lists = st.lists(st.integers(1, 600), max_size=60)
 token_budgets = st.integers(1, 4096)

@@ -29,8 +29,8 @@ from embedder.errors import (
 from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, ModelSpec
 from embedder.host import ModelHost
-from embedder.jobs import ApiShape, EmbedJob, JobResult
-from embedder.runtimes import Encoded, TruncationSide
+from embedder.jobs import ApiShape, EmbedJob, JobResult, TruncationSide
+from embedder.runtimes import Encoded
 from embedder.worker import Worker
 from embedder.workqueue import InProcessQueue
 from tests.fakes import FAIL_MARKER, FakeLoader, FakeRuntime, fake_fleet
