@@ -266,7 +266,8 @@ class Fleet(BaseModel):
         return self.model_copy(update={"models": models})
 
 
-DEFAULT_FLEET = Path(__file__).resolve().parent.parent / "flotilla" / "fleet.yaml"
+# The bundled fleet: the models whose weights ship in packages flotilla depends on.
+DEFAULT_FLEET = Path(__file__).resolve().parent / "fleet.yaml"
 
 
 def load_fleet(path: Path | None = None) -> Fleet:

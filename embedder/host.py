@@ -11,7 +11,6 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import asdict
-from types import TracebackType
 from typing import Literal
 
 from embedder.adapters import AdapterCatalog, ResidentAdapters
@@ -20,6 +19,7 @@ from embedder.codecs import RequestLimits
 from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.jobs import ModelState
+from embedder.lifecycle import Lifecycle
 from embedder.runtimes import Runtime, detect_device, load_runtime
 from embedder.worker import Worker
 from embedder.workqueue import JobPuller
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 RuntimeLoader = Callable[[ModelSpec, DeviceKind, int], Runtime]
 
 
-class ModelHost:
+class ModelHost(Lifecycle):
     def __init__(
         self,
         fleet: Fleet,
@@ -82,18 +82,6 @@ class ModelHost:
         if self.worker is not None:
             await self.worker.stop()
             self.worker = None
-
-    async def __aenter__(self) -> ModelHost:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def _load_and_run(self) -> None:
         device: DeviceKind = (

@@ -14,7 +14,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from types import TracebackType
 
 from embedder import metrics
 from embedder.batching import DropReason, flush_delay, form_batch
@@ -22,7 +21,7 @@ from embedder.codecs import RequestLimits
 from embedder.errors import DeadlineExceeded, FlotillaError, InferenceFailed
 from embedder.execute import BatchReport, LoadedModel, run_batch
 from embedder.jobs import EmbedJob
-from embedder.lifecycle import cancel_and_wait
+from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.workqueue import JobPuller
 
 log = logging.getLogger(__name__)
@@ -30,7 +29,7 @@ log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.25  # how often an idle worker rechecks for stop
 
 
-class Worker:
+class Worker(Lifecycle):
     def __init__(
         self,
         queue: JobPuller,
@@ -58,11 +57,9 @@ class Worker:
         if self._tasks:
             return
         self._tasks = [
-            asyncio.create_task(self._form_loop(), name="worker-former"),
-            asyncio.create_task(self._run_loop(), name="worker-runner"),
+            watch(asyncio.create_task(self._form_loop(), name="worker-former")),
+            watch(asyncio.create_task(self._run_loop(), name="worker-runner")),
         ]
-        for task in self._tasks:
-            task.add_done_callback(self._crashed)
 
     async def stop(self) -> None:
         """Stop pulling; fail whatever was pulled but not run, so nothing hangs."""
@@ -78,29 +75,12 @@ class Worker:
             )
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def __aenter__(self) -> Worker:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
     def add_model(self, model: LoadedModel) -> None:
         """Serve one more model; the next pull asks for its jobs too."""
         name = model.spec.name
         self.models[name] = model
         self.limits[name] = model.limits
         self.capacity_tokens = max(self.capacity_tokens, 2 * model.limits.max_tokens)
-
-    @staticmethod
-    def _crashed(task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("worker task %s died", task.get_name(), exc_info=task.exception())
 
     # -- forming ----------------------------------------------------------
 

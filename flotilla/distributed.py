@@ -14,16 +14,14 @@ import re
 import socket
 from collections.abc import AsyncIterator
 
-import uvicorn
 from fastapi import FastAPI
 
-from embedder.fleet import load_fleet
-from embedder.host import ModelHost, RuntimeLoader
+from embedder.host import RuntimeLoader
 from embedder.kafka_puller import KafkaPuller
 from embedder.kafka_submitter import KafkaSubmitter
 from embedder.runtimes import load_runtime
+from flotilla import wiring
 from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
-from flotilla.ingest import adapter_catalog, configured_store, request_limits
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
 from flotilla.worker_http import WorkerHttp
@@ -51,15 +49,9 @@ def _bootstrap(settings: Settings) -> str:
     return settings.kafka
 
 
-def _logging(settings: Settings) -> None:
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-
-
 def build_gateway_app(settings: Settings) -> FastAPI:
     bootstrap = _bootstrap(settings)
-    fleet = load_fleet(settings.fleet)
+    fleet = wiring.configured_fleet(settings)
     submitter = KafkaSubmitter(
         bootstrap=bootstrap,
         request_topic=settings.request_topic,
@@ -69,7 +61,7 @@ def build_gateway_app(settings: Settings) -> FastAPI:
     )
     status = FleetStatus(bootstrap=bootstrap, topic=settings.status_topic)
     # Search needs a store every process can reach: the Qdrant server, not the embedded one.
-    store = configured_store(settings) if settings.store == "qdrant" else None
+    store = wiring.configured_store(settings) if settings.store == "qdrant" else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -82,21 +74,23 @@ def build_gateway_app(settings: Settings) -> FastAPI:
                      submitter.reply_topic)  # fmt: skip
             yield
 
-    app = create_app(settings, fleet, submitter, status, lifespan=lifespan, store=store)
+    app = create_app(
+        wiring.gateway_config(settings),
+        fleet,
+        submitter,
+        status,
+        lifespan=lifespan,
+        store=store,
+        adapters=wiring.adapter_catalog(settings, fleet),
+    )
     app.state.submitter = submitter
     app.state.fleet_status = status
     return app
 
 
 def serve_gateway(settings: Settings) -> None:
-    _logging(settings)
-    uvicorn.run(
-        build_gateway_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
-    )
+    wiring.configure_logging(settings)
+    wiring.run_http(build_gateway_app(settings), settings)
 
 
 async def run_worker(
@@ -105,7 +99,7 @@ async def run_worker(
     """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
     finish the jobs in hand, commit and leave the group."""
     bootstrap = _bootstrap(settings)
-    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
+    fleet = wiring.configured_fleet(settings)
     puller = KafkaPuller(
         bootstrap=bootstrap,
         topic=settings.request_topic,
@@ -113,14 +107,8 @@ async def run_worker(
         partitions=settings.request_partitions,
         max_message_bytes=settings.kafka_max_message_bytes,
     )
-    host = ModelHost(
-        fleet,
-        puller,
-        request_limits(settings),
-        device=settings.device,
-        threads=settings.threads,
-        loader=loader,
-        adapters=adapter_catalog(settings, fleet),
+    host = wiring.model_host(
+        settings, fleet, puller, wiring.adapter_catalog(settings, fleet), loader
     )
     heartbeat = WorkerHeartbeat(
         bootstrap=bootstrap,
@@ -161,5 +149,5 @@ async def run_worker(
 
 
 def serve_worker(settings: Settings) -> None:
-    _logging(settings)
+    wiring.configure_logging(settings)
     asyncio.run(run_worker(settings))

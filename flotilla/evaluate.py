@@ -1,6 +1,6 @@
-"""Wiring for `flotilla eval retrieval`: the BM25 baseline, then each model through the
-model host, the in-process queue, the ingest core and the configured store, as
-`flotilla ingest` runs them."""
+"""`flotilla eval retrieval`: the BM25 baseline, then each model through the local stack
+(``flotilla.wiring``: the model host, the in-process queue, the ingest core and the
+configured store), as `flotilla ingest` runs them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from flotilla.ingest import ingest_stack, progress_bar
+from flotilla import wiring
+from flotilla.ingest import progress_bar
 from flotilla.settings import Settings
 from ingest.store import VectorStore
 from lora.dataset import read_corpus, read_qrels, read_queries
@@ -49,13 +50,13 @@ async def retrieval(
         # Passages longer than a model's window are cut, as search cuts queries: an
         # evaluation scores every passage rather than refusing the long ones.
         settings = settings.model_copy(update={"auto_truncate": True})
-        async with ingest_stack(settings, store=store) as (core, opened):
+        async with wiring.running_stack(settings, store=store) as stack:
             for model in models:
                 with progress_bar() as bar:
                     task = bar.add_task(f"{model}: corpus", total=len(corpus), lag="")
                     result = await dense_system(
-                        core,
-                        opened,
+                        stack.core,
+                        stack.store,
                         corpus,
                         queries,
                         qrels,

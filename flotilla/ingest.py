@@ -1,7 +1,8 @@
-"""Wiring for `flotilla ingest`: a Kafka consumer, or a backfill from a file.
+"""`flotilla ingest`: a Kafka consumer, a backfill from a file, or a file sent to the
+topic.
 
-Both run the model host, the in-process queue and the same IngestCore that
-`flotilla serve` runs beside the gateway.
+The first two run the local stack (``flotilla.wiring``): the model host, the
+in-process queue and the same IngestCore that `flotilla serve` runs beside the gateway.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
@@ -25,99 +26,12 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from embedder.adapters import AdapterCatalog
-from embedder.codecs import RequestLimits
-from embedder.errors import ModelNotFound
-from embedder.fleet import Fleet, load_fleet
-from embedder.host import ModelHost
-from embedder.jobs import split_model
-from embedder.workqueue import InProcessQueue
+from flotilla import wiring
 from flotilla.settings import Settings
-from flotilla.signals import stop_event, unless_stopped
-from ingest.embedding import QueueEmbedder
+from flotilla.signals import stop_event
 from ingest.errors import TopicMissing
-from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore, RawRecord
-from ingest.records import RecordRules, SourceRef
-from ingest.store import VectorStore, open_store
-
-
-def configured_store(settings: Settings) -> VectorStore:
-    if settings.store == "qdrant":
-        if not settings.qdrant_url:
-            raise SystemExit("--store qdrant needs --qdrant-url (FLOTILLA_QDRANT_URL)")
-        return open_store("qdrant", url=settings.qdrant_url, api_key=settings.qdrant_api_key)
-    return open_store("edge", data_dir=settings.data_dir)
-
-
-def adapter_catalog(settings: Settings, fleet: Fleet) -> AdapterCatalog:
-    return AdapterCatalog(fleet, settings.adapters_root)
-
-
-def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
-    def resolve(name: str) -> str | None:
-        """A model name, alias or 'model:adapter' -> its canonical form; None if unknown."""
-        base, adapter = split_model(name)
-        try:
-            model = fleet.get(base).name
-            if adapter is None:
-                return model
-            adapters.find(model, adapter)
-        except ModelNotFound:  # AdapterNotFound included
-            return None
-        return f"{model}:{adapter}"
-
-    return RecordRules(
-        default_collection=settings.collection,
-        default_model=fleet.default_model,
-        max_text_bytes=settings.ingest_max_text_bytes,
-        resolve_model=resolve,
-    )
-
-
-def request_limits(settings: Settings) -> RequestLimits:
-    return RequestLimits(
-        max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
-    )
-
-
-class Stopped(Exception):
-    """A stop signal came while the models were still loading."""
-
-
-@contextlib.asynccontextmanager
-async def ingest_stack(
-    settings: Settings, stop: asyncio.Event | None = None, *, store: VectorStore | None = None
-) -> AsyncIterator[tuple[IngestCore, VectorStore]]:
-    """Models loaded, a worker pulling, and a core writing to the configured store (or to
-    ``store``, which it then closes). Raises Stopped if ``stop`` is set before the models
-    are loaded."""
-    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
-    queue = InProcessQueue()
-    adapters = adapter_catalog(settings, fleet)
-    host = ModelHost(
-        fleet,
-        queue,
-        request_limits(settings),
-        device=settings.device,
-        threads=settings.threads,
-        adapters=adapters,
-    )
-    store = store or configured_store(settings)
-    core = IngestCore(
-        QueueEmbedder(
-            queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
-        ),
-        store,
-        record_rules(settings, fleet, adapters),
-    )
-    async with host, store:
-        loaded = await unless_stopped(host.wait_ready(), stop or asyncio.Event())
-        if not loaded:
-            raise Stopped
-        if not host.loaded:
-            raise SystemExit(f"no model could be loaded: {host.failed}")
-        yield core, store
+from ingest.records import SourceRef
 
 
 async def consume(settings: Settings) -> None:
@@ -125,23 +39,16 @@ async def consume(settings: Settings) -> None:
     if not (settings.kafka and settings.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
-    with contextlib.suppress(Stopped):
-        async with ingest_stack(settings, stop) as (core, _):
+    with contextlib.suppress(wiring.Stopped):
+        async with wiring.running_stack(settings, stop) as stack:
             try:
-                await _consume(settings, core, stop)
+                await _consume(settings, stack.core, stop)
             except TopicMissing as exc:
                 raise SystemExit(exc.message) from None
 
 
 async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) -> None:
-    assert settings.kafka and settings.topic  # checked by consume()
-    source = KafkaSource(
-        core,
-        bootstrap=settings.kafka,
-        topic=settings.topic,
-        group=settings.group,
-        max_records=settings.ingest_max_records,
-    )
+    source = wiring.kafka_source(settings, core)
     async with source:
         running = asyncio.ensure_future(source.wait())
         with progress_bar() as bar:
@@ -210,11 +117,11 @@ async def backfill(settings: Settings, path: Path) -> None:
                 out.write(json.dumps(entry, ensure_ascii=False) + "\n")
         dead += len(poisons)
 
-    async with ingest_stack(settings) as (core, _):
+    async with wiring.running_stack(settings) as stack:
         with progress_bar() as bar:
             task = bar.add_task(f"{path.name} -> {settings.collection}", total=_count(path), lag="")
             for chunk in _chunks(read_records(path), settings.ingest_max_records):
-                await core.process(chunk, dead_letter)
+                await stack.core.process(chunk, dead_letter)
                 bar.advance(task, len(chunk))
     if dead:
         print(f"{dead} documents could not be ingested; see {dlq_path}")

@@ -6,7 +6,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from embedder.fleet import DeviceKind, load_fleet
+from embedder.fleet import DeviceKind
+from flotilla import wiring
 from flotilla.settings import LoraSettings
 from lora.cost import project, unit_price
 from lora.gesetze import read_laws
@@ -41,7 +42,7 @@ def resolve_base(settings: LoraSettings, base: str, device: DeviceKind) -> BaseM
     path = Path(base).expanduser()
     if path.is_dir():
         return BaseModelRef(path.resolve(), forward_tokens=FORWARD_TOKENS[device])
-    fleet = load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
+    fleet = wiring.configured_fleet(settings)
     spec = fleet.get(base)  # ModelNotFound lists the fleet
     return BaseModelRef(
         spec.source.resolve(),  # an import source is imported here on first use

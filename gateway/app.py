@@ -13,11 +13,10 @@ from embedder.errors import FlotillaError
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, ModelStates
 from embedder.workqueue import JobSubmitter
-from flotilla import __version__
-from flotilla.settings import Settings
 from gateway import metrics
+from gateway.config import GatewayConfig
 from gateway.search import CollectionSearch
-from gateway.service import Gateway
+from gateway.service import Gateway, ShapeRoute
 from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {
@@ -36,7 +35,7 @@ def _error_body(path: str, exc: FlotillaError) -> dict[str, object]:
 
 
 def create_app(
-    settings: Settings,
+    config: GatewayConfig,
     fleet: Fleet,
     queue: JobSubmitter,
     states: ModelStates,
@@ -44,8 +43,8 @@ def create_app(
     store: VectorStore | None = None,
     adapters: AdapterCatalog | None = None,
 ) -> FastAPI:
-    app = FastAPI(title="flotilla", version=__version__, lifespan=lifespan)  # type: ignore[arg-type]
-    gateway = Gateway(settings, fleet, queue, states, adapters=adapters)
+    app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
+    gateway = Gateway(config, fleet, queue, states, adapters=adapters)
     catalog = gateway.adapters
     app.state.gateway = gateway
 
@@ -57,8 +56,10 @@ def create_app(
         )
 
     def handler(shape: ApiShape) -> Callable[[Request], Awaitable[Response]]:
+        route = ShapeRoute(shape)
+
         async def handle(request: Request) -> Response:
-            return await gateway.handle(request, shape)
+            return await gateway.handle(request, route)
 
         handle.__name__ = shape.value
         return handle
@@ -67,11 +68,11 @@ def create_app(
         app.add_api_route(path, handler(shape), methods=["POST"], response_class=Response)
 
     if store is not None:
-        search = CollectionSearch(gateway, store)
+        search_store = store  # narrowed for the handler below
 
         @app.post("/v1/collections/{name}/search", response_class=Response)
         async def collection_search(request: Request, name: str) -> Response:
-            return await search.handle(request, name)
+            return await gateway.handle(request, CollectionSearch(search_store, name))
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:

@@ -6,15 +6,15 @@ Closes the loop for users and evaluations: what the pipeline wrote, the gateway 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from embedder.codecs import decode_raw_vectors, raw_vectors_body
 from embedder.errors import InvalidRequest
-from embedder.jobs import ApiShape, EmbedJob, split_model
+from embedder.jobs import ApiShape, EmbedJob, JobResult, split_model
 from gateway.service import Gateway
 from ingest.store import VectorStore
 
@@ -28,46 +28,46 @@ class _SearchBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class CollectionSearch:
-    def __init__(self, gateway: Gateway, store: VectorStore) -> None:
-        self.gateway = gateway
-        self.store = store
+    """One search request on the gateway's request path (``Gateway.handle``): the query
+    becomes a raw-vectors job for the collection's model, and the worker's vector a
+    search in the store. Made per request: it keeps the decoded body for the answer."""
 
-    async def handle(self, request: Request, collection: str) -> Response:
-        gateway = self.gateway
-        now = gateway.clock()
-        gateway.authorize(request)
-        body = self._decode(await gateway.read_body(request))
-        spec = await self.store.describe(collection)  # CollectionNotFound: 404
+    def __init__(self, store: VectorStore, collection: str) -> None:
+        self.store = store
+        self.collection = collection
+        self.model = ""
+        self.search = _SearchBody(query="")
+
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+        self.search = search = self._decode(body)
+        spec = await self.store.describe(self.collection)  # CollectionNotFound: 404
+        self.model = spec.model
         model, adapter = split_model(spec.model)  # a collection may be embedded with an adapter
-        gateway.check_ready(model)
         job = EmbedJob.new(
             model,
             ApiShape.RAW_VECTORS,
             # A query longer than the model's window is cut rather than refused; a model
             # with prompts gets its query prompt (e5: "query: ") before it.
-            raw_vectors_body([body.query], truncate=True, use="query"),
+            raw_vectors_body([search.query], truncate=True, use="query"),
             now=now,
             timeout_s=gateway.timeout_s(request),
-            bytes_per_token=gateway.settings.bytes_per_token,
+            bytes_per_token=gateway.config.bytes_per_token,
             priority=gateway.priority(request),
             adapter=adapter,
         )
-        result = await gateway.run(request, job)
+        return job
+
+    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
         vector = decode_raw_vectors(result.body, 1)[0]
-        hits = await self.store.search(collection, vector, body.limit, body.filter)
-        return JSONResponse(
-            {
-                "collection": collection,
-                "model": spec.model,
-                "results": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits],
-                "usage": {"prompt_tokens": result.prompt_tokens},
-            },
-            headers={
-                "x-queue-time": f"{result.timings.queue_s * 1e3:.2f}",
-                "x-inference-time": f"{result.timings.inference_s * 1e3:.2f}",
-                "x-total-time": f"{(gateway.clock() - now) * 1e3:.2f}",
-            },
-        )
+        search = self.search
+        hits = await self.store.search(self.collection, vector, search.limit, search.filter)
+        body = {
+            "collection": self.collection,
+            "model": self.model,
+            "results": [{"id": h.id, "score": h.score, "payload": h.payload} for h in hits],
+            "usage": {"prompt_tokens": result.prompt_tokens},
+        }
+        return replace(result, body=msgspec.json.encode(body), media_type="application/json")
 
     @staticmethod
     def _decode(body: bytes) -> _SearchBody:

@@ -1,5 +1,7 @@
-"""One request's path through the gateway: authorize, read, annotate, admit,
-enqueue, wait. Handlers in ``routes`` are one line each on top of this."""
+"""One request's path through the gateway, for every route: authorize, read, turn the
+body into a job (the route's part), admit, enqueue, wait, answer (the route's part
+again), with the same metrics and headers. The handlers in ``gateway.app`` are one line
+each on top of this."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import asyncio
 import hmac
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -24,10 +26,10 @@ from embedder.errors import (
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, EmbedJob, JobResult, ModelStates
 from embedder.workqueue import JobSubmitter
-from flotilla.settings import Settings
 from gateway import metrics
 from gateway.admission import Admission, RateMeter
 from gateway.annotate import annotate
+from gateway.config import GatewayConfig
 
 
 class ClientGone(FlotillaError):
@@ -35,10 +37,45 @@ class ClientGone(FlotillaError):
     code = "client_closed_request"
 
 
+class Route(Protocol):
+    """A route's own part of the request path; ``Gateway.handle`` does the rest."""
+
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+        """The annotated job for a request body (the body is only partly parsed)."""
+        ...
+
+    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
+        """The response to send for the worker's result (most routes send it as is)."""
+        ...
+
+
+class ShapeRoute:
+    """A route in one API's shape (OpenAI, TEI, Cohere): the gateway only annotates the
+    body, the worker decodes it and writes the response, sent as it comes."""
+
+    def __init__(self, shape: ApiShape) -> None:
+        self.shape = shape
+
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+        return annotate(
+            body,
+            self.shape,
+            gateway.fleet,
+            now=now,
+            timeout_s=gateway.timeout_s(request),
+            bytes_per_token=gateway.config.bytes_per_token,
+            priority=gateway.priority(request),
+            adapters=gateway.adapters,
+        )
+
+    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
+        return result
+
+
 class Gateway:
     def __init__(
         self,
-        settings: Settings,
+        config: GatewayConfig,
         fleet: Fleet,
         queue: JobSubmitter,
         states: ModelStates,
@@ -46,45 +83,37 @@ class Gateway:
         clock: Callable[[], float] = time.time,
         adapters: AdapterCatalog | None = None,
     ) -> None:
-        self.settings = settings
+        self.config = config
         self.fleet = fleet
-        self.adapters = adapters or AdapterCatalog(fleet, settings.adapters_root)
+        self.adapters = adapters or AdapterCatalog(fleet)
         self.queue = queue
         self.states = states
         self.clock = clock
-        self.admission = Admission(settings.max_inflight_tokens)
+        self.admission = Admission(config.max_inflight_tokens)
         self.rates = RateMeter()
 
-    async def handle(self, request: Request, shape: ApiShape) -> Response:
-        route = request.url.path
+    async def handle(self, request: Request, route: Route) -> Response:
+        # The route's template, not the path: /v1/collections/{name}/search is one label.
+        path = getattr(request.scope.get("route"), "path", request.url.path)
         start = self.clock()
         model = "unknown"
         status = 500
         try:
             self.authorize(request)
             body = await self.read_body(request)
-            job = annotate(
-                body,
-                shape,
-                self.fleet,
-                now=start,
-                timeout_s=self.timeout_s(request),
-                bytes_per_token=self.settings.bytes_per_token,
-                priority=self.priority(request),
-                adapters=self.adapters,
-            )
+            job = await route.job(self, request, body, start)
             model = job.model
             self.check_ready(model)
-            result = await self.run(request, job)
+            result = await route.respond(job, await self.run(request, job))
             status = 200
         except FlotillaError as exc:
             status = exc.http_status
             raise
         finally:
             elapsed = self.clock() - start
-            metrics.REQUESTS.labels(model, route, str(status)).inc()
+            metrics.REQUESTS.labels(model, path, str(status)).inc()
             if status == 200:
-                metrics.REQUEST_SECONDS.labels(model, route).observe(elapsed)
+                metrics.REQUEST_SECONDS.labels(model, path).observe(elapsed)
         metrics.QUEUE_SECONDS.labels(model).observe(result.timings.queue_s)
         headers = {
             "x-request-id": job.id,
@@ -140,7 +169,7 @@ class Gateway:
     # -- request checks ---------------------------------------------------
 
     def authorize(self, request: Request) -> None:
-        keys = self.settings.api_keys
+        keys = self.config.api_keys
         if not keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -150,7 +179,7 @@ class Gateway:
             raise Unauthorized("missing or unknown API key: send 'Authorization: Bearer <key>'")
 
     async def read_body(self, request: Request) -> bytes:
-        limit = self.settings.max_body_bytes
+        limit = self.config.max_body_bytes
         too_big = LimitExceeded(
             f"request body over {limit} bytes: split the request, or raise --max-body-bytes "
             "(FLOTILLA_MAX_BODY_BYTES)"
@@ -171,7 +200,7 @@ class Gateway:
         return body
 
     def timeout_s(self, request: Request) -> float:
-        limit = self.settings.request_timeout_s
+        limit = self.config.request_timeout_s
         asked = request.headers.get("x-request-timeout-ms")
         if asked is None:
             return limit

@@ -29,6 +29,7 @@ from embedder.jobs import EmbedJob, JobResult, Task
 from embedder.runtimes import Encoded
 from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
+from flotilla.wiring import gateway_config
 from gateway.app import create_app
 from tests.fakes import FakeLoader, FakeRuntime
 
@@ -162,7 +163,7 @@ async def running_stack(
         device="cpu",
         loader=loader,
     )
-    app = create_app(settings, fleet, queue, host)
+    app = create_app(gateway_config(settings), fleet, queue, host)
     transport = httpx.ASGITransport(app=app)
     async with (
         host,

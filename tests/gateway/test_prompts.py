@@ -21,6 +21,7 @@ from embedder.host import ModelHost
 from embedder.runtimes import Runtime, load_runtime
 from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
+from flotilla.wiring import gateway_config
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
 from ingest.store import Point, point_id
@@ -93,7 +94,7 @@ async def served(fleet: Fleet, runtimes: dict[str, Runtime]) -> AsyncIterator[Se
     queue = InProcessQueue()
     host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=loader)
     store = QdrantStore(location=":memory:")
-    app = create_app(Settings(), fleet, queue, host, store=store)
+    app = create_app(gateway_config(Settings()), fleet, queue, host, store=store)
     transport = httpx.ASGITransport(app=app)
     async with host, httpx.AsyncClient(transport=transport, base_url="http://flotilla") as client:
         await host.wait_ready()

@@ -12,6 +12,7 @@ from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
 from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
+from flotilla.wiring import gateway_config
 from gateway.app import create_app
 from ingest.store import Point, point_id
 from ingest.store_qdrant import QdrantStore
@@ -32,7 +33,7 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     loader = FakeLoader()
     host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=loader)
     store = QdrantStore(location=":memory:")
-    app = create_app(Settings(), fleet, queue, host, store=store)
+    app = create_app(gateway_config(Settings()), fleet, queue, host, store=store)
     async with host:
         await host.wait_ready()
         runtime = loader.runtimes["mini"]

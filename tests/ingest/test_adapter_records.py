@@ -15,8 +15,8 @@ from embedder.codecs import RequestLimits
 from embedder.fleet import Fleet
 from embedder.host import ModelHost
 from embedder.workqueue import InProcessQueue
-from flotilla.ingest import record_rules
 from flotilla.settings import Settings
+from flotilla.wiring import record_rules
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef

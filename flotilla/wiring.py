@@ -1,0 +1,188 @@
+"""The wiring: what each command runs, built from the one settings object.
+
+Each concept is assembled here once (the fleet as configured, the adapter catalog,
+the request limits, the vector store, the model host, the ingest core, the gateway's
+config, logging and the HTTP server), so every command in ``serve``, ``distributed``,
+``ingest`` and ``evaluate`` is a few lines over these builders. The packages below
+(``gateway``, ``embedder``, ``ingest``) never import this module or the settings:
+they take the small objects built here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import uvicorn
+from fastapi import FastAPI
+
+from embedder.adapters import AdapterCatalog
+from embedder.codecs import RequestLimits
+from embedder.errors import ModelNotFound
+from embedder.fleet import Fleet, load_fleet
+from embedder.host import ModelHost, RuntimeLoader
+from embedder.jobs import split_model
+from embedder.runtimes import load_runtime
+from embedder.workqueue import InProcessQueue, JobPuller
+from flotilla import __version__
+from flotilla.settings import Settings
+from flotilla.signals import unless_stopped
+from gateway.config import GatewayConfig
+from ingest.embedding import QueueEmbedder
+from ingest.kafka_source import KafkaSource
+from ingest.pipeline import IngestCore
+from ingest.records import RecordRules
+from ingest.store import VectorStore, open_store
+
+
+def configured_fleet(settings: Settings) -> Fleet:
+    return load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
+
+
+def adapter_catalog(settings: Settings, fleet: Fleet) -> AdapterCatalog:
+    return AdapterCatalog(fleet, settings.adapters_root)
+
+
+def request_limits(settings: Settings) -> RequestLimits:
+    return RequestLimits(
+        max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
+    )
+
+
+def gateway_config(settings: Settings) -> GatewayConfig:
+    return GatewayConfig(
+        version=__version__,
+        api_keys=tuple(settings.api_keys),
+        max_body_bytes=settings.max_body_bytes,
+        request_timeout_s=settings.request_timeout_s,
+        max_inflight_tokens=settings.max_inflight_tokens,
+        bytes_per_token=settings.bytes_per_token,
+    )
+
+
+def configured_store(settings: Settings) -> VectorStore:
+    if settings.store == "qdrant":
+        if not settings.qdrant_url:
+            raise SystemExit("--store qdrant needs --qdrant-url (FLOTILLA_QDRANT_URL)")
+        return open_store("qdrant", url=settings.qdrant_url, api_key=settings.qdrant_api_key)
+    return open_store("edge", data_dir=settings.data_dir)
+
+
+def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
+    def resolve(name: str) -> str | None:
+        """A model name, alias or 'model:adapter' -> its canonical form; None if unknown."""
+        base, adapter = split_model(name)
+        try:
+            model = fleet.get(base).name
+            if adapter is None:
+                return model
+            adapters.find(model, adapter)
+        except ModelNotFound:  # AdapterNotFound included
+            return None
+        return f"{model}:{adapter}"
+
+    return RecordRules(
+        default_collection=settings.collection,
+        default_model=fleet.default_model,
+        max_text_bytes=settings.ingest_max_text_bytes,
+        resolve_model=resolve,
+    )
+
+
+def model_host(
+    settings: Settings,
+    fleet: Fleet,
+    queue: JobPuller,
+    adapters: AdapterCatalog,
+    loader: RuntimeLoader = load_runtime,
+) -> ModelHost:
+    """The fleet on this machine's device, pulling from ``queue`` once loaded."""
+    return ModelHost(
+        fleet,
+        queue,
+        request_limits(settings),
+        device=settings.device,
+        threads=settings.threads,
+        loader=loader,
+        adapters=adapters,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStack:
+    """One machine's worker side: the fleet on this device behind an in-process queue,
+    and the ingest core that writes what it embeds into the store."""
+
+    fleet: Fleet
+    adapters: AdapterCatalog
+    queue: InProcessQueue
+    host: ModelHost
+    store: VectorStore
+    core: IngestCore
+
+
+def local_stack(settings: Settings, store: VectorStore | None = None) -> LocalStack:
+    """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``)."""
+    fleet = configured_fleet(settings)
+    adapters = adapter_catalog(settings, fleet)
+    queue = InProcessQueue()
+    store = store or configured_store(settings)
+    embedder = QueueEmbedder(
+        queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
+    )
+    core = IngestCore(embedder, store, record_rules(settings, fleet, adapters))
+    host = model_host(settings, fleet, queue, adapters)
+    return LocalStack(fleet, adapters, queue, host, store, core)
+
+
+class Stopped(Exception):
+    """A stop signal came while the models were still loading."""
+
+
+@contextlib.asynccontextmanager
+async def running_stack(
+    settings: Settings, stop: asyncio.Event | None = None, *, store: VectorStore | None = None
+) -> AsyncIterator[LocalStack]:
+    """A local stack with its models loaded and its worker pulling, writing to the
+    configured store (or to ``store``, which it then closes). Raises ``Stopped`` if
+    ``stop`` is set before the models are loaded."""
+    stack = local_stack(settings, store)
+    async with stack.host, stack.store:
+        if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
+            raise Stopped
+        if not stack.host.loaded:
+            raise SystemExit(f"no model could be loaded: {stack.host.failed}")
+        yield stack
+
+
+def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:
+    """The consumer of --topic feeding ``core``; needs --kafka and --topic."""
+    if not (settings.kafka and settings.topic):
+        raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
+    return KafkaSource(
+        core,
+        bootstrap=settings.kafka,
+        topic=settings.topic,
+        group=settings.group,
+        max_records=settings.ingest_max_records,
+    )
+
+
+def configure_logging(settings: Settings) -> None:
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def run_http(app: FastAPI, settings: Settings) -> None:
+    """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get 10 s to finish."""
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        timeout_graceful_shutdown=10,
+    )
