@@ -1,5 +1,6 @@
-"""The gateway never imports torch (house style, rule 2): checked in a fresh interpreter,
-since this test process may have imported torch already."""
+"""The gateway never imports torch, so a gateway-only machine needs no model stack
+(the import graph's direction itself is held by tests/test_layers.py): checked in a
+fresh interpreter, since this test process may have imported torch already."""
 
 from __future__ import annotations
 

@@ -89,3 +89,31 @@ async def test_errors(client: httpx.AsyncClient) -> None:
         "/v1/collections/laws/search", json={"query": "x", "filter": {"n": 1.5}}
     )
     assert bad_filter.status_code == 422
+
+
+async def test_search_goes_the_request_path_of_every_route(client: httpx.AsyncClient) -> None:
+    """Counted per route template (not per collection), with the same headers as the
+    embedding routes."""
+    from tests.gateway.test_api import sample
+
+    route = "/v1/collections/{name}/search"
+
+    async def counts() -> tuple[float, float]:
+        text = (await client.get("/metrics")).text
+        ok = sample(text, "flotilla_requests_total", model="mini", route=route, status="200")
+        missing = sample(
+            text, "flotilla_requests_total", model="unknown", route=route, status="404"
+        )
+        return ok, missing
+
+    ok_before, missing_before = await counts()
+    response = await client.post("/v1/collections/laws/search", json={"query": "Diebstahl"})
+    assert response.status_code == 200, response.text
+    assert len(response.headers["x-request-id"]) == 32
+    assert response.headers["x-model"] == "mini"
+    assert int(response.headers["x-prompt-tokens"]) == response.json()["usage"]["prompt_tokens"]
+    assert float(response.headers["x-total-time"]) >= float(response.headers["x-queue-time"])
+    assert (
+        await client.post("/v1/collections/nope/search", json={"query": "x"})
+    ).status_code == 404
+    assert await counts() == (ok_before + 1, missing_before + 1)
