@@ -14,7 +14,7 @@ from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
 from gateway.app import create_app
 from ingest.store import Point, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
 TEXTS = {

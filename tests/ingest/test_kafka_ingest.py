@@ -28,7 +28,7 @@ from ingest.kafka_source import ERROR_HEADER, KafkaSource, dlq_topic
 from ingest.pipeline import Backoff, IngestCore
 from ingest.records import RecordRules
 from ingest.store import Point, VectorStore, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store.qdrant import QdrantStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce, read_all, until
 from tests.kafka.broker import KafkaBroker

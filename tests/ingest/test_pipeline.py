@@ -18,7 +18,7 @@ from ingest.errors import StoreUnavailable
 from ingest.pipeline import Backoff, IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
 from ingest.store import Point, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
 

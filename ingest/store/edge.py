@@ -50,7 +50,7 @@ from ingest.errors import (
     ShardLocked,
     StoreError,
 )
-from ingest.store import (
+from ingest.store.contract import (
     DISTANCES,
     CollectionSpec,
     Condition,

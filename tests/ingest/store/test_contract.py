@@ -30,7 +30,7 @@ from ingest.errors import (
 )
 from ingest.store import STORES, CollectionSpec, Hit, Point, VectorStore, open_store, point_id
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MODEL = "all-MiniLM-L6-v2"
 DIM = 8
 
@@ -62,7 +62,7 @@ async def store(
         s = open_store("qdrant", location=":memory:")
     elif kind == "edge":
         s = open_store("edge", data_dir=tmp_path / "vectors")
-    elif kind == "qdrant-facade":  # ingest.store_server, shared by the session
+    elif kind == "qdrant-facade":  # ingest.store.server, shared by the session
         s = open_store("qdrant", url=request.getfixturevalue("store_server_url"))
     else:
         s = open_store(

@@ -32,7 +32,7 @@ from ingest.errors import (
     StoreError,
     StoreUnavailable,
 )
-from ingest.store import (
+from ingest.store.contract import (
     CollectionSpec,
     Condition,
     Distance,

@@ -1,14 +1,9 @@
-"""The vector store seam: what the ingest pipeline needs from Qdrant, and nothing more.
+"""The vector store contract: what the ingest pipeline needs from Qdrant, and nothing more.
 
-Two implementations share one contract (``tests/ingest/test_store_contract.py``):
-
-- ``"qdrant"`` (``store_qdrant.QdrantStore``): a Qdrant server through ``qdrant-client``;
-  its ``:memory:`` and ``path=`` local modes serve tests.
-- ``"edge"`` (``store_edge.EdgeStore``): Qdrant's own engine in-process
-  (``qdrant-edge-py``), persisted under a data directory; the one-machine default.
-
-Choose one with ``open_store(kind, **options)``; importing this module imports neither
-engine.
+The ``VectorStore`` protocol, its values (``Point``, ``Hit``, ``CollectionSpec``), the
+point ids, and the checks both engines share so that both refuse the same inputs the
+same way (``tests/ingest/store/test_contract.py`` runs one contract against both).
+The engines (``edge.py``, ``qdrant.py``) import this module; ``ingest.store`` opens them.
 
 **Async.** Every method is a coroutine because the pipeline lives on an event loop. The
 server path is natively async (``AsyncQdrantClient``, no threads); the edge path runs
@@ -43,7 +38,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, Self, TypeAlias, get_args
 
@@ -261,37 +256,3 @@ def check_filter(filter: PayloadFilter | None) -> list[Condition]:
                 " use a str, int, bool or a non-empty list of str or of int"
             )
     return conditions
-
-
-# --- the registry: kind -> opener; the engines are imported only when opened ---
-
-
-def _open_qdrant(**options: Any) -> VectorStore:
-    from ingest.store_qdrant import QdrantStore
-
-    return QdrantStore(**options)
-
-
-def _open_edge(**options: Any) -> VectorStore:
-    from ingest.store_edge import EdgeStore
-
-    return EdgeStore(**options)
-
-
-STORES: dict[str, Callable[..., VectorStore]] = {
-    "qdrant": _open_qdrant,
-    "edge": _open_edge,
-}
-
-
-def open_store(kind: str, **options: Any) -> VectorStore:
-    """Open a store by kind: ``open_store("edge", data_dir=...)``,
-    ``open_store("qdrant", url=..., api_key=...)`` or ``open_store("qdrant", location=":memory:")``.
-    """
-    try:
-        opener = STORES[kind]
-    except KeyError:
-        raise InvalidStoreRequest(
-            f"unknown vector store {kind!r}; choose one of {sorted(STORES)}"
-        ) from None
-    return opener(**options)
