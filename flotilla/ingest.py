@@ -35,8 +35,7 @@ from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
 from ingest.embedding import QueueEmbedder
-from ingest.errors import TopicMissing
-from ingest.kafka_source import KafkaSource
+from ingest.kafka_source import KafkaSource, TopicMissing
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
 from ingest.store import VectorStore, open_store

@@ -29,7 +29,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError
 from prometheus_client import Counter, Gauge
 
-from ingest.errors import TopicMissing
+from embedder.errors import FlotillaError
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
 from ingest.records import SourceRef
 
@@ -41,6 +41,14 @@ LAG = Gauge(
 RECORDS = Counter("flotilla_ingest_records", "Ingested records by outcome.", ["topic", "outcome"])
 
 ERROR_HEADER = "flotilla-error"
+
+
+class TopicMissing(FlotillaError):
+    """The source topic does not exist. Ingestion never creates it: its partition count
+    bounds how many workers can share the stream, a choice for whoever owns it."""
+
+    http_status = 404
+    code = "topic_missing"
 
 
 def dlq_topic(topic: str) -> str:

@@ -1,4 +1,4 @@
-"""The vector store seam: open a store by kind; the contract's public names, re-exported.
+"""The vector store seam: open a store by kind; the contract's and errors' public names.
 
 Two engines share one contract (``contract.py``, tested by
 ``tests/ingest/store/test_contract.py``):
@@ -14,7 +14,8 @@ multi-process runs); it is not part of what ``open_store`` opens.
 Choose an engine with ``open_store(kind, **options)``. Importing this package imports
 neither engine: each opener imports its own when called, so a process that writes to a
 Qdrant server never loads qdrant-edge, and the other way round. The engines import
-``contract`` directly, never this module.
+``contract`` and ``errors`` directly, never this module; code outside the package
+imports from here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ingest.errors import InvalidStoreRequest
 from ingest.store.contract import (
     DISTANCES,
     POINT_ID_NAMESPACE,
@@ -36,17 +36,31 @@ from ingest.store.contract import (
     VectorStore,
     point_id,
 )
+from ingest.store.errors import (
+    CollectionModelMismatch,
+    CollectionNotFound,
+    InvalidStoreRequest,
+    ShardLocked,
+    StoreError,
+    StoreUnavailable,
+)
 
 __all__ = [
     "DISTANCES",
     "POINT_ID_NAMESPACE",
     "STORES",
+    "CollectionModelMismatch",
+    "CollectionNotFound",
     "CollectionSpec",
     "Distance",
     "Hit",
+    "InvalidStoreRequest",
     "MatchValue",
     "PayloadFilter",
     "Point",
+    "ShardLocked",
+    "StoreError",
+    "StoreUnavailable",
     "VectorLike",
     "VectorStore",
     "open_store",

@@ -43,13 +43,6 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import qdrant_edge as qe
 
-from ingest.errors import (
-    CollectionModelMismatch,
-    CollectionNotFound,
-    InvalidStoreRequest,
-    ShardLocked,
-    StoreError,
-)
 from ingest.store.contract import (
     DISTANCES,
     CollectionSpec,
@@ -68,6 +61,13 @@ from ingest.store.contract import (
     check_spec,
     latest_by_id,
     refuse_mismatch,
+)
+from ingest.store.errors import (
+    CollectionModelMismatch,
+    CollectionNotFound,
+    InvalidStoreRequest,
+    ShardLocked,
+    StoreError,
 )
 
 SIDECAR = "collection.json"

@@ -25,13 +25,6 @@ from qdrant_client import AsyncQdrantClient, models
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from ingest.errors import (
-    CollectionModelMismatch,
-    CollectionNotFound,
-    InvalidStoreRequest,
-    StoreError,
-    StoreUnavailable,
-)
 from ingest.store.contract import (
     CollectionSpec,
     Condition,
@@ -49,6 +42,13 @@ from ingest.store.contract import (
     check_spec,
     latest_by_id,
     refuse_mismatch,
+)
+from ingest.store.errors import (
+    CollectionModelMismatch,
+    CollectionNotFound,
+    InvalidStoreRequest,
+    StoreError,
+    StoreUnavailable,
 )
 
 MODEL_KEY = "flotilla_model"

@@ -51,9 +51,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ingest.errors import CollectionNotFound, InvalidStoreRequest, StoreError
 from ingest.store.contract import Distance, MatchValue, PayloadFilter, Point
 from ingest.store.edge import EdgeStore
+from ingest.store.errors import CollectionNotFound, InvalidStoreRequest, StoreError
 
 # The API version whose request and response shapes this speaks; qdrant-client 1.20
 # (pinned) accepts servers 1.19-1.21 without a warning.

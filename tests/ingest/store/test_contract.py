@@ -20,15 +20,21 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from ingest.errors import (
+from ingest.store import (
+    STORES,
     CollectionModelMismatch,
     CollectionNotFound,
+    CollectionSpec,
+    Hit,
     InvalidStoreRequest,
+    Point,
     ShardLocked,
     StoreError,
     StoreUnavailable,
+    VectorStore,
+    open_store,
+    point_id,
 )
-from ingest.store import STORES, CollectionSpec, Hit, Point, VectorStore, open_store, point_id
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL = "all-MiniLM-L6-v2"

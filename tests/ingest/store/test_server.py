@@ -19,8 +19,7 @@ import httpx
 import pytest
 from qdrant_client.common.version_check import is_compatible
 
-from ingest.errors import InvalidStoreRequest
-from ingest.store import point_id
+from ingest.store import InvalidStoreRequest, point_id
 from ingest.store import qdrant as store_qdrant
 from ingest.store.qdrant import QdrantStore
 from ingest.store.server import (
@@ -136,8 +135,7 @@ def test_filters_translate_to_the_flat_form() -> None:
 
 WRITER = """
 import asyncio, sys
-from ingest.errors import StoreUnavailable
-from ingest.store import Point, point_id
+from ingest.store import Point, StoreUnavailable, point_id
 from ingest.store.qdrant import QdrantStore
 
 async def main() -> None:

@@ -1,6 +1,7 @@
-"""Classified errors of the ingestion side, on the same base as the serving errors.
+"""Classified errors of the vector stores, on the same base as the serving errors.
 
-The pipeline retries only what says ``retriable`` (with backoff and a deadline) and
+Both engines raise only these (their clients' own exceptions are sorted into them), so
+the pipeline retries only what says ``retriable`` (with backoff and a deadline) and
 dead-letters or fails on the rest; the gateway maps ``http_status`` if one surfaces there.
 """
 
@@ -59,11 +60,3 @@ class InvalidStoreRequest(StoreError):
 
     http_status = 422
     code = "invalid_store_request"
-
-
-class TopicMissing(FlotillaError):
-    """The source topic does not exist. Ingestion never creates it: its partition count
-    bounds how many workers can share the stream, a choice for whoever owns it."""
-
-    http_status = 404
-    code = "topic_missing"
