@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from types import TracebackType
 
 from aiokafka import (
     AIOKafkaConsumer,
@@ -30,6 +29,7 @@ from aiokafka.errors import CommitFailedError
 from prometheus_client import Counter, Gauge
 
 from embedder.errors import FlotillaError
+from embedder.lifecycle import Lifecycle
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
 from ingest.records import SourceRef
 
@@ -67,7 +67,7 @@ class _DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
 
-class KafkaSource:
+class KafkaSource(Lifecycle):
     def __init__(
         self,
         core: IngestCore,
@@ -144,18 +144,6 @@ class KafkaSource:
             await task
         await self.consumer.stop()
         await self.producer.stop()
-
-    async def __aenter__(self) -> KafkaSource:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def wait(self) -> None:
         """Until the source stops; re-raises what stopped it."""

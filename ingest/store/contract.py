@@ -40,11 +40,13 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeAlias, get_args
 
 import numpy as np
 import numpy.typing as npt
 
+from embedder.lifecycle import Closable
 from ingest.store.errors import CollectionModelMismatch, InvalidStoreRequest, StoreError
 
 # Never change: every stored point id is derived from it, so a new value would re-key
@@ -146,10 +148,20 @@ class VectorStore(Protocol):
 
     async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(self, *exc_info: object) -> None: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 # --- checks both implementations share, so both refuse the same inputs the same way ---
+
+
+def check_open(store: Closable) -> None:
+    if store.closed:
+        raise StoreError("the vector store is closed")
 
 
 def check_collection_name(name: str) -> str:

@@ -43,6 +43,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import qdrant_edge as qe
 
+from embedder.lifecycle import Closable
 from ingest.store.contract import (
     DISTANCES,
     CollectionSpec,
@@ -58,6 +59,7 @@ from ingest.store.contract import (
     check_filter,
     check_ids,
     check_limit,
+    check_open,
     check_spec,
     latest_by_id,
     refuse_mismatch,
@@ -83,7 +85,7 @@ _DISTANCE: dict[Distance, qe.Distance] = {
 T = TypeVar("T")
 
 
-class EdgeStore:
+class EdgeStore(Closable):
     """A ``VectorStore`` on qdrant-edge shards under ``data_dir`` (see the module doc)."""
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
@@ -91,13 +93,6 @@ class EdgeStore:
         self._root.mkdir(parents=True, exist_ok=True)
         self._shards: dict[str, tuple[qe.EdgeShard, CollectionSpec]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-store")
-        self._closed = False
-
-    async def __aenter__(self) -> EdgeStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def ensure_collection(
         self, name: str, dimension: int, distance: Distance, model: str
@@ -136,10 +131,7 @@ class EdgeStore:
     async def retrieve(self, collection: str, ids: Sequence[str]) -> list[Point]:
         return await self._run(self._retrieve, check_collection_name(collection), check_ids(ids))
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _release(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._close_shards)
@@ -147,8 +139,7 @@ class EdgeStore:
             self._executor.shutdown(wait=False)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise StoreError("the vector store is closed")
+        check_open(self)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 

@@ -25,6 +25,7 @@ from qdrant_client import AsyncQdrantClient, models
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
+from embedder.lifecycle import Closable
 from ingest.store.contract import (
     CollectionSpec,
     Condition,
@@ -39,6 +40,7 @@ from ingest.store.contract import (
     check_filter,
     check_ids,
     check_limit,
+    check_open,
     check_spec,
     latest_by_id,
     refuse_mismatch,
@@ -69,7 +71,7 @@ _UNAVAILABLE_GRPC = {
 }
 
 
-class QdrantStore:
+class QdrantStore(Closable):
     """A ``VectorStore`` on a Qdrant server (or qdrant-client's local mode for tests)."""
 
     def __init__(
@@ -97,19 +99,12 @@ class QdrantStore:
             check_compatibility=check_compatibility,
         )
         self._specs: dict[str, CollectionSpec] = {}
-        self._closed = False
-
-    async def __aenter__(self) -> QdrantStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def ensure_collection(
         self, name: str, dimension: int, distance: Distance, model: str
     ) -> CollectionSpec:
         wanted = check_spec(name, dimension, distance, model)
-        self._check_open()
+        check_open(self)
         with _classified(name):
             if not await self._client.collection_exists(name):
                 try:
@@ -195,29 +190,22 @@ class QdrantStore:
         }
         return [found[i] for i in dict.fromkeys(wanted) if i in found]
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _release(self) -> None:
         with _classified(None):
             await self._client.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("the vector store is closed")
 
     async def describe(self, collection: str) -> CollectionSpec:
         """What an existing collection holds (``CollectionNotFound`` if none); read
         fresh, since another writer may have created it."""
         check_collection_name(collection)
-        self._check_open()
+        check_open(self)
         with _classified(collection):
             return await self._describe(collection)
 
     async def _spec(self, collection: str) -> CollectionSpec:
         """The collection's spec: remembered from ``ensure_collection`` or read once."""
         check_collection_name(collection)
-        self._check_open()
+        check_open(self)
         spec = self._specs.get(collection)
         if spec is None:
             with _classified(collection):
