@@ -1,8 +1,9 @@
 """The vector store contract: what the ingest pipeline needs from Qdrant, and nothing more.
 
 The ``VectorStore`` protocol, its values (``Point``, ``Hit``, ``CollectionSpec``), the
-point ids, and the checks both engines share so that both refuse the same inputs the
-same way (``tests/ingest/store/test_contract.py`` runs one contract against both).
+point ids, the checks both engines share so that both refuse the same inputs the same
+way, and the conversions of what they return into the contract's values
+(``tests/ingest/store/test_contract.py`` runs one contract against both).
 The engines (``edge.py``, ``qdrant.py``) import this module; ``ingest.store`` opens them.
 
 **Async.** Every method is a coroutine because the pipeline lives on an event loop. The
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeAlias, get_args
@@ -224,13 +225,6 @@ def latest_by_id(points: Sequence[Point]) -> list[Point]:
     return list({p.id: p for p in points}.values())
 
 
-def as_float_list(vector: object) -> list[float]:
-    """The dense vector an engine handed back (unnamed vector only)."""
-    if isinstance(vector, list) and all(isinstance(x, float | int) for x in vector):
-        return [float(x) for x in vector]
-    raise StoreError(f"engine returned a vector of unexpected form: {type(vector).__name__}")
-
-
 def check_ids(ids: Sequence[str]) -> list[str]:
     if isinstance(ids, str):
         raise InvalidStoreRequest("ids must be a sequence of UUID strings, not one string")
@@ -268,3 +262,44 @@ def check_filter(filter: PayloadFilter | None) -> list[Condition]:
                 " use a str, int, bool or a non-empty list of str or of int"
             )
     return conditions
+
+
+# --- what the engines hand back, in the contract's values; both engines' records fit ---
+
+
+class _Returned(Protocol):
+    @property
+    def id(self) -> object: ...
+    @property
+    def payload(self) -> dict[str, Any] | None: ...
+
+
+class _Record(_Returned, Protocol):
+    @property
+    def vector(self) -> object: ...
+
+
+class _Scored(_Returned, Protocol):
+    @property
+    def score(self) -> float: ...
+
+
+def as_hits(found: Iterable[_Scored]) -> list[Hit]:
+    return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in found]
+
+
+def in_asked_order(records: Iterable[_Record], ids: Sequence[str]) -> list[Point]:
+    """The retrieved records as points in the order of ``ids``, each once; an id the
+    engine did not return is left out."""
+    found = {
+        str(r.id): Point(id=str(r.id), vector=_as_float_list(r.vector), payload=r.payload or {})
+        for r in records
+    }
+    return [found[i] for i in dict.fromkeys(ids) if i in found]
+
+
+def _as_float_list(vector: object) -> list[float]:
+    """The dense vector an engine handed back (unnamed vector only)."""
+    if isinstance(vector, list) and all(isinstance(x, float | int) for x in vector):
+        return [float(x) for x in vector]
+    raise StoreError(f"engine returned a vector of unexpected form: {type(vector).__name__}")

@@ -34,7 +34,7 @@ import functools
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -53,7 +53,7 @@ from ingest.store.contract import (
     PayloadFilter,
     Point,
     VectorLike,
-    as_float_list,
+    as_hits,
     as_vector,
     check_collection_name,
     check_filter,
@@ -61,6 +61,7 @@ from ingest.store.contract import (
     check_limit,
     check_open,
     check_spec,
+    in_asked_order,
     latest_by_id,
     refuse_mismatch,
 )
@@ -70,6 +71,7 @@ from ingest.store.errors import (
     InvalidStoreRequest,
     ShardLocked,
     StoreError,
+    classified,
 )
 
 SIDECAR = "collection.json"
@@ -154,7 +156,7 @@ class EdgeStore(Closable):
                     f"collection {wanted.name!r} has a shard but no {SIDECAR} saying which"
                     " model it holds: re-embed into a new collection"
                 )
-            with _classified(wanted.name):
+            with classified(_classify, wanted.name):
                 folder.mkdir(exist_ok=True)
                 _write_sidecar_once(folder / SIDECAR, wanted)
             # Whoever wrote the sidecar first decides what the collection holds.
@@ -166,7 +168,7 @@ class EdgeStore(Closable):
 
     def _open(self, spec: CollectionSpec) -> tuple[qe.EdgeShard, CollectionSpec]:
         path = self._root / spec.name / SHARD_DIR
-        with _classified(spec.name):
+        with classified(_classify, spec.name):
             if path.exists():
                 shard = qe.EdgeShard.load(str(path))
             else:
@@ -194,7 +196,7 @@ class EdgeStore(Closable):
         latest = latest_by_id(points)
         if not latest:
             return
-        with _classified(collection):
+        with classified(_classify, collection):
             batch = [
                 qe.Point(p.id, as_vector(p.vector, spec.dimension), dict(p.payload)) for p in latest
             ]
@@ -204,7 +206,7 @@ class EdgeStore(Closable):
         shard, _ = self._shard(collection)
         if not ids:
             return
-        with _classified(collection):
+        with classified(_classify, collection):
             shard.update(qe.UpdateOperation.delete_points(list(ids)))
 
     def _search(
@@ -219,29 +221,25 @@ class EdgeStore(Closable):
             with_vector=False,
             params=qe.SearchParams(exact=True),
         )
-        with _classified(collection):
+        with classified(_classify, collection):
             found = shard.query(request)
-        return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in found]
+        return as_hits(found)
 
     def _describe(self, collection: str) -> CollectionSpec:
         return self._shard(collection)[1]
 
     def _count(self, collection: str) -> int:
         shard, _ = self._shard(collection)
-        with _classified(collection):
+        with classified(_classify, collection):
             return shard.count(qe.CountRequest(exact=True))
 
     def _retrieve(self, collection: str, ids: list[str]) -> list[Point]:
         shard, _ = self._shard(collection)
         if not ids:
             return []
-        with _classified(collection):
+        with classified(_classify, collection):
             records = shard.retrieve(list(ids), with_payload=True, with_vector=True)
-        found = {
-            str(r.id): Point(id=str(r.id), vector=as_float_list(r.vector), payload=r.payload or {})
-            for r in records
-        }
-        return [found[i] for i in dict.fromkeys(ids) if i in found]
+        return in_asked_order(records, ids)
 
     def _close_shards(self) -> None:
         errors: list[str] = []
@@ -308,20 +306,14 @@ def _read_sidecar(path: Path, name: str) -> CollectionSpec:
         raise StoreError(f"cannot read {path}: {exc}") from exc
 
 
-@contextlib.contextmanager
-def _classified(collection: str) -> Iterator[None]:
+def _classify(exc: Exception, collection: str) -> StoreError:
     """qdrant-edge raises bare ``Exception``s; sort them by what they say."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except Exception as exc:
-        message = str(exc)
-        if "WouldBlock" in message:
-            raise ShardLocked(
-                f"collection {collection!r} is open in another process or store;"
-                " one process owns a shard"
-            ) from exc
-        if isinstance(exc, TypeError | ValueError) or "dimension error" in message:
-            raise InvalidStoreRequest(f"collection {collection!r}: {message}") from exc
-        raise StoreError(f"qdrant-edge failed on collection {collection!r}: {message}") from exc
+    message = str(exc)
+    if "WouldBlock" in message:
+        return ShardLocked(
+            f"collection {collection!r} is open in another process or store;"
+            " one process owns a shard"
+        )
+    if isinstance(exc, TypeError | ValueError) or "dimension error" in message:
+        return InvalidStoreRequest(f"collection {collection!r}: {message}")
+    return StoreError(f"qdrant-edge failed on collection {collection!r}: {message}")

@@ -1,11 +1,16 @@
 """Classified errors of the vector stores, on the same base as the serving errors.
 
-Both engines raise only these (their clients' own exceptions are sorted into them), so
-the pipeline retries only what says ``retriable`` (with backoff and a deadline) and
-dead-letters or fails on the rest; the gateway maps ``http_status`` if one surfaces there.
+Both engines raise only these (``classified`` sorts their clients' exceptions into
+them), so the pipeline retries only what says ``retriable`` (with backoff and a
+deadline) and dead-letters or fails on the rest; the gateway maps ``http_status`` if
+one surfaces there.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from embedder.errors import FlotillaError
 
@@ -60,3 +65,18 @@ class InvalidStoreRequest(StoreError):
 
     http_status = 422
     code = "invalid_store_request"
+
+
+W = TypeVar("W")  # what the engine says the failure concerns (a collection name, or None)
+
+
+@contextlib.contextmanager
+def classified(classify: Callable[[Exception, W], StoreError], where: W) -> Iterator[None]:
+    """Re-raise what an engine raises as the store error ``classify(exc, where)`` sorts it
+    into, the cause chained; a ``StoreError`` (one of the store's own checks) passes as is."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise classify(exc, where) from exc

@@ -15,8 +15,7 @@ pipeline backs off and retries; 404 becomes ``CollectionNotFound``; 400/422 beco
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -34,7 +33,7 @@ from ingest.store.contract import (
     PayloadFilter,
     Point,
     VectorLike,
-    as_float_list,
+    as_hits,
     as_vector,
     check_collection_name,
     check_filter,
@@ -42,6 +41,7 @@ from ingest.store.contract import (
     check_limit,
     check_open,
     check_spec,
+    in_asked_order,
     latest_by_id,
     refuse_mismatch,
 )
@@ -51,6 +51,7 @@ from ingest.store.errors import (
     InvalidStoreRequest,
     StoreError,
     StoreUnavailable,
+    classified,
 )
 
 MODEL_KEY = "flotilla_model"
@@ -105,7 +106,7 @@ class QdrantStore(Closable):
     ) -> CollectionSpec:
         wanted = check_spec(name, dimension, distance, model)
         check_open(self)
-        with _classified(name):
+        with classified(_classify, name):
             if not await self._client.collection_exists(name):
                 try:
                     await self._client.create_collection(
@@ -134,7 +135,7 @@ class QdrantStore(Closable):
             vectors=[as_vector(p.vector, spec.dimension) for p in points],
             payloads=[dict(p.payload) for p in points],
         )
-        with _classified(collection):
+        with classified(_classify, collection):
             await self._client.upsert(collection, points=batch, wait=True)
 
     async def delete(self, collection: str, ids: Sequence[str]) -> None:
@@ -142,7 +143,7 @@ class QdrantStore(Closable):
         wanted = check_ids(ids)
         if not wanted:
             return
-        with _classified(collection):
+        with classified(_classify, collection):
             await self._client.delete(
                 collection, points_selector=models.PointIdsList(points=list(wanted)), wait=True
             )
@@ -158,7 +159,7 @@ class QdrantStore(Closable):
         query = as_vector(vector, spec.dimension)
         limit = check_limit(limit)
         conditions = check_filter(filter)
-        with _classified(collection):
+        with classified(_classify, collection):
             response = await self._client.query_points(
                 collection,
                 query=query,
@@ -167,11 +168,11 @@ class QdrantStore(Closable):
                 with_payload=True,
                 with_vectors=False,
             )
-        return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in response.points]
+        return as_hits(response.points)
 
     async def count(self, collection: str) -> int:
         await self._spec(collection)
-        with _classified(collection):
+        with classified(_classify, collection):
             result = await self._client.count(collection, exact=True)
         return result.count
 
@@ -180,18 +181,14 @@ class QdrantStore(Closable):
         wanted = check_ids(ids)
         if not wanted:
             return []
-        with _classified(collection):
+        with classified(_classify, collection):
             records = await self._client.retrieve(
                 collection, ids=wanted, with_payload=True, with_vectors=True
             )
-        found = {
-            str(r.id): Point(id=str(r.id), vector=as_float_list(r.vector), payload=r.payload or {})
-            for r in records
-        }
-        return [found[i] for i in dict.fromkeys(wanted) if i in found]
+        return in_asked_order(records, wanted)
 
     async def _release(self) -> None:
-        with _classified(None):
+        with classified(_classify, None):
             await self._client.close()
 
     async def describe(self, collection: str) -> CollectionSpec:
@@ -199,7 +196,7 @@ class QdrantStore(Closable):
         fresh, since another writer may have created it."""
         check_collection_name(collection)
         check_open(self)
-        with _classified(collection):
+        with classified(_classify, collection):
             return await self._describe(collection)
 
     async def _spec(self, collection: str) -> CollectionSpec:
@@ -208,7 +205,7 @@ class QdrantStore(Closable):
         check_open(self)
         spec = self._specs.get(collection)
         if spec is None:
-            with _classified(collection):
+            with classified(_classify, collection):
                 spec = await self._describe(collection)
             self._specs[collection] = spec
         return spec
@@ -251,18 +248,8 @@ def _already_exists(exc: Exception) -> bool:
     return "already exists" in str(exc)
 
 
-@contextlib.contextmanager
-def _classified(collection: str | None) -> Iterator[None]:
-    """Re-raise whatever qdrant-client raises as one of the store's classified errors."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except Exception as exc:
-        raise _classify(exc, collection) from exc
-
-
 def _classify(exc: Exception, collection: str | None) -> StoreError:
+    """What qdrant-client raised, as one of the store's classified errors."""
     where = f"Qdrant (collection {collection!r})" if collection else "Qdrant"
     if isinstance(exc, ResourceExhaustedResponse):
         return StoreUnavailable(
