@@ -134,6 +134,7 @@ class EdgeStore(Closable):
         return await self._run(self._retrieve, check_collection_name(collection), check_ids(ids))
 
     async def _release(self) -> None:
+        """Close (and so flush) every shard on the worker thread, then end the thread."""
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._close_shards)

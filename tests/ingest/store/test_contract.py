@@ -5,6 +5,7 @@ what only the client path does."""
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import socket
@@ -118,6 +119,17 @@ def test_registry_and_lazy_engine_imports() -> None:
         "assert not {'qdrant_client', 'qdrant_edge'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+def test_the_package_modules_never_import_the_opener() -> None:
+    # ingest.store imports the engines inside its openers; a module of the package that
+    # imported ingest.store back would make the circle the package is split to avoid.
+    for module in ("contract", "errors", "edge", "qdrant", "server"):
+        tree = ast.parse((REPO / "ingest" / "store" / f"{module}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        }
+        assert "ingest.store" not in imported, module
 
 
 # --- the contract ---
