@@ -38,7 +38,7 @@ from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
 from ingest.records import RecordRules
-from ingest.store_edge import EdgeStore
+from ingest.store.edge import EdgeStore
 from tests.kafka.broker import KafkaBroker
 
 MODEL = "all-minilm-l6-v2"

@@ -1,5 +1,6 @@
 """The shape of every async loop: ``start``/``stop`` and ``async with``, and a watch on
-background tasks so that none dies silently."""
+background tasks so that none dies silently; ``Closable`` fits that shape to what is
+open once made and only closed (a store, a client)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,31 @@ class Lifecycle:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+
+class Closable(Lifecycle):
+    """A ``Lifecycle`` for what is open from the moment it is made (a store, a client):
+    nothing to start, and ``stop`` is ``close``, which is idempotent: the first call
+    runs ``_release``, later ones do nothing."""
+
+    _closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        # Marked first, so a release that fails is not tried again by the next close.
+        self._closed = True
+        await self._release()
+
+    async def _release(self) -> None:
+        raise NotImplementedError

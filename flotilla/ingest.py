@@ -29,7 +29,7 @@ from rich.text import Text
 from flotilla import wiring
 from flotilla.settings import Settings
 from flotilla.signals import stop_event
-from ingest.errors import TopicMissing
+from ingest.kafka_source import TopicMissing
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef
 

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from types import TracebackType
 
 from aiokafka import (
     AIOKafkaConsumer,
@@ -29,7 +28,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError
 from prometheus_client import Counter, Gauge
 
-from ingest.errors import TopicMissing
+from embedder.errors import FlotillaError
+from embedder.lifecycle import Lifecycle
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
 from ingest.records import SourceRef
 
@@ -41,6 +41,14 @@ LAG = Gauge(
 RECORDS = Counter("flotilla_ingest_records", "Ingested records by outcome.", ["topic", "outcome"])
 
 ERROR_HEADER = "flotilla-error"
+
+
+class TopicMissing(FlotillaError):
+    """The source topic does not exist. Ingestion never creates it: its partition count
+    bounds how many workers can share the stream, a choice for whoever owns it."""
+
+    http_status = 404
+    code = "topic_missing"
 
 
 def dlq_topic(topic: str) -> str:
@@ -59,7 +67,7 @@ class _DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         log.info("assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
 
-class KafkaSource:
+class KafkaSource(Lifecycle):
     def __init__(
         self,
         core: IngestCore,
@@ -136,18 +144,6 @@ class KafkaSource:
             await task
         await self.consumer.stop()
         await self.producer.stop()
-
-    async def __aenter__(self) -> KafkaSource:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def wait(self) -> None:
         """Until the source stops; re-raises what stopped it."""

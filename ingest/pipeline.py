@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 from embedder.errors import FlotillaError
 from ingest.embedding import QueueEmbedder
-from ingest.errors import CollectionModelMismatch, CollectionNotFound
 from ingest.records import (
     Delete,
     Operation,
@@ -32,7 +31,14 @@ from ingest.records import (
     last_writes,
     parse_record,
 )
-from ingest.store import Distance, Point, VectorStore, point_id
+from ingest.store import (
+    CollectionModelMismatch,
+    CollectionNotFound,
+    Distance,
+    Point,
+    VectorStore,
+    point_id,
+)
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

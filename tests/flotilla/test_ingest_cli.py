@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ingest.store import point_id
-from ingest.store_edge import EdgeStore
+from ingest.store.edge import EdgeStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import create_topic, read_all
 from tests.kafka.broker import KafkaBroker

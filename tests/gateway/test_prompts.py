@@ -25,7 +25,7 @@ from flotilla.wiring import gateway_config
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
 from ingest.store import Point, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store.qdrant import QdrantStore
 from tests.gateway.conftest import hub_offline
 from tests.tiny_models import build_tiny_embedder
 

@@ -15,7 +15,7 @@ from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app
 from ingest.store import Point, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
 TEXTS = {

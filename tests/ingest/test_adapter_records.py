@@ -21,7 +21,7 @@ from ingest.embedding import QueueEmbedder
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef
 from ingest.store import point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
 

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from embedder.fleet import load_fleet
-from ingest.store_qdrant import QdrantStore
+from ingest.store.qdrant import QdrantStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce
-from tests.ingest.store_server_fixture import free_port, start_store_server, stop, wait_ready
+from tests.ingest.store.server_fixture import free_port, start_store_server, stop, wait_ready
 from tests.ingest.test_kafka_ingest import (
     COLLECTION,
     documents,

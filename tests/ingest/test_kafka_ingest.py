@@ -23,12 +23,11 @@ from embedder.host import ModelHost
 from embedder.runtimes import load_runtime
 from embedder.workqueue import InProcessQueue
 from ingest.embedding import QueueEmbedder
-from ingest.errors import StoreUnavailable
 from ingest.kafka_source import ERROR_HEADER, KafkaSource, dlq_topic
 from ingest.pipeline import Backoff, IngestCore
 from ingest.records import RecordRules
-from ingest.store import Point, VectorStore, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store import Point, StoreUnavailable, VectorStore, point_id
+from ingest.store.qdrant import QdrantStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce, read_all, until
 from tests.kafka.broker import KafkaBroker

@@ -14,11 +14,10 @@ from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
 from embedder.workqueue import InProcessQueue
 from ingest.embedding import QueueEmbedder
-from ingest.errors import StoreUnavailable
 from ingest.pipeline import Backoff, IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
-from ingest.store import Point, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store import Point, StoreUnavailable, point_id
+from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
 

@@ -12,7 +12,7 @@ import yaml
 from flotilla.evaluate import retrieval
 from flotilla.settings import Settings
 from ingest.store import open_store
-from ingest.store_edge import EdgeStore
+from ingest.store.edge import EdgeStore
 from lora.dataset import write_jsonl, write_qrels
 from lora.evaluate import EvalError, collection_for, table
 from tests.gateway.conftest import hub_offline

@@ -1,4 +1,4 @@
-"""Start ``python -m ingest.store_server`` as a child process and wait until it answers."""
+"""Start ``python -m ingest.store.server`` as a child process and wait until it answers."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:
@@ -29,7 +29,7 @@ def start_store_server(data_dir: Path, port: int, log_path: Path) -> subprocess.
     with open(log_path, "ab") as log:
         args = ["--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port)]
         return subprocess.Popen(
-            [sys.executable, "-m", "ingest.store_server", *args],
+            [sys.executable, "-m", "ingest.store.server", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,

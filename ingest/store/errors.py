@@ -1,10 +1,16 @@
-"""Classified errors of the ingestion side, on the same base as the serving errors.
+"""Classified errors of the vector stores, on the same base as the serving errors.
 
-The pipeline retries only what says ``retriable`` (with backoff and a deadline) and
-dead-letters or fails on the rest; the gateway maps ``http_status`` if one surfaces there.
+Both engines raise only these (``classified`` sorts their clients' exceptions into
+them), so the pipeline retries only what says ``retriable`` (with backoff and a
+deadline) and dead-letters or fails on the rest; the gateway maps ``http_status`` if
+one surfaces there.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from embedder.errors import FlotillaError
 
@@ -61,9 +67,16 @@ class InvalidStoreRequest(StoreError):
     code = "invalid_store_request"
 
 
-class TopicMissing(FlotillaError):
-    """The source topic does not exist. Ingestion never creates it: its partition count
-    bounds how many workers can share the stream, a choice for whoever owns it."""
+W = TypeVar("W")  # what the engine says the failure concerns (a collection name, or None)
 
-    http_status = 404
-    code = "topic_missing"
+
+@contextlib.contextmanager
+def classified(classify: Callable[[Exception, W], StoreError], where: W) -> Iterator[None]:
+    """Re-raise what an engine raises as the store error ``classify(exc, where)`` sorts it
+    into, the cause chained; a ``StoreError`` (one of the store's own checks) passes as is."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:
+        raise classify(exc, where) from exc

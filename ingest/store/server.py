@@ -1,13 +1,17 @@
 """One process owns the edge shards and speaks a sliver of Qdrant's REST API over them.
 
-An embedded qdrant-edge shard belongs to one process, and a Qdrant server is not always
-at hand (not on the build machines, say). This service hosts an ``EdgeStore`` and
-answers exactly the requests ``QdrantStore(url=...)`` (qdrant-client 1.20's
-``AsyncQdrantClient`` over REST) sends, so several processes on **one machine** (ingest
-workers, tests that kill them) can write into one collection::
+**For tests and multi-process runs on one machine only.** An embedded qdrant-edge shard
+belongs to one process, and a Qdrant server is not always at hand (not on the build
+machines, say). This service hosts an ``EdgeStore`` and answers exactly the requests
+``QdrantStore(url=...)`` (qdrant-client 1.20's ``AsyncQdrantClient`` over REST) sends,
+so several processes on **one machine** (ingest workers, tests that kill them) can write
+into one collection::
 
-    python -m ingest.store_server --data-dir vectors/ --port 6333
+    python -m ingest.store.server --data-dir vectors/ --port 6333
     QdrantStore(url="http://127.0.0.1:6333")
+
+Nothing in flotilla's serving or ingest path starts it; ``open_store`` does not open it.
+The tests start it through ``tests/ingest/store/server_fixture.py``.
 
 **It is NOT a Qdrant replacement.** No auth, no TLS, no gRPC, no snapshots, no HNSW, no
 named vectors, no payload indexes, no deletes by filter; filters are ``must`` lists of
@@ -47,14 +51,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ingest.errors import CollectionNotFound, InvalidStoreRequest, StoreError
-from ingest.store import Distance, MatchValue, PayloadFilter, Point
-from ingest.store_edge import EdgeStore
+from ingest.store.contract import Distance, MatchValue, PayloadFilter, Point
+from ingest.store.edge import EdgeStore
+from ingest.store.errors import CollectionNotFound, InvalidStoreRequest, StoreError
 
 # The API version whose request and response shapes this speaks; qdrant-client 1.20
 # (pinned) accepts servers 1.19-1.21 without a warning.
 QDRANT_API_VERSION = "1.20.0"
-# Where QdrantStore records the model; ingest.store_qdrant.MODEL_KEY (a test pins them
+# Where QdrantStore records the model; ingest.store.qdrant.MODEL_KEY (a test pins them
 # equal; importing it would load qdrant-client into this process for one string).
 MODEL_KEY = "flotilla_model"
 
@@ -347,7 +351,7 @@ def create_app(data_dir: str | Path) -> FastAPI:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m ingest.store_server",
+        prog="python -m ingest.store.server",
         description="Serve an edge vector store to this machine's processes over a subset of"
         " Qdrant's REST API (not a Qdrant replacement: no auth; bind to loopback).",
     )

@@ -34,7 +34,7 @@ import functools
 import json
 import os
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
@@ -43,14 +43,8 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import qdrant_edge as qe
 
-from ingest.errors import (
-    CollectionModelMismatch,
-    CollectionNotFound,
-    InvalidStoreRequest,
-    ShardLocked,
-    StoreError,
-)
-from ingest.store import (
+from embedder.lifecycle import Closable
+from ingest.store.contract import (
     DISTANCES,
     CollectionSpec,
     Condition,
@@ -59,15 +53,25 @@ from ingest.store import (
     PayloadFilter,
     Point,
     VectorLike,
-    as_float_list,
+    as_hits,
     as_vector,
     check_collection_name,
     check_filter,
     check_ids,
     check_limit,
+    check_open,
     check_spec,
+    in_asked_order,
     latest_by_id,
     refuse_mismatch,
+)
+from ingest.store.errors import (
+    CollectionModelMismatch,
+    CollectionNotFound,
+    InvalidStoreRequest,
+    ShardLocked,
+    StoreError,
+    classified,
 )
 
 SIDECAR = "collection.json"
@@ -83,7 +87,7 @@ _DISTANCE: dict[Distance, qe.Distance] = {
 T = TypeVar("T")
 
 
-class EdgeStore:
+class EdgeStore(Closable):
     """A ``VectorStore`` on qdrant-edge shards under ``data_dir`` (see the module doc)."""
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
@@ -91,13 +95,6 @@ class EdgeStore:
         self._root.mkdir(parents=True, exist_ok=True)
         self._shards: dict[str, tuple[qe.EdgeShard, CollectionSpec]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-store")
-        self._closed = False
-
-    async def __aenter__(self) -> EdgeStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def ensure_collection(
         self, name: str, dimension: int, distance: Distance, model: str
@@ -136,10 +133,8 @@ class EdgeStore:
     async def retrieve(self, collection: str, ids: Sequence[str]) -> list[Point]:
         return await self._run(self._retrieve, check_collection_name(collection), check_ids(ids))
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    async def _release(self) -> None:
+        """Close (and so flush) every shard on the worker thread, then end the thread."""
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(self._executor, self._close_shards)
@@ -147,8 +142,7 @@ class EdgeStore:
             self._executor.shutdown(wait=False)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise StoreError("the vector store is closed")
+        check_open(self)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
@@ -163,7 +157,7 @@ class EdgeStore:
                     f"collection {wanted.name!r} has a shard but no {SIDECAR} saying which"
                     " model it holds: re-embed into a new collection"
                 )
-            with _classified(wanted.name):
+            with classified(_classify, wanted.name):
                 folder.mkdir(exist_ok=True)
                 _write_sidecar_once(folder / SIDECAR, wanted)
             # Whoever wrote the sidecar first decides what the collection holds.
@@ -175,7 +169,7 @@ class EdgeStore:
 
     def _open(self, spec: CollectionSpec) -> tuple[qe.EdgeShard, CollectionSpec]:
         path = self._root / spec.name / SHARD_DIR
-        with _classified(spec.name):
+        with classified(_classify, spec.name):
             if path.exists():
                 shard = qe.EdgeShard.load(str(path))
             else:
@@ -203,7 +197,7 @@ class EdgeStore:
         latest = latest_by_id(points)
         if not latest:
             return
-        with _classified(collection):
+        with classified(_classify, collection):
             batch = [
                 qe.Point(p.id, as_vector(p.vector, spec.dimension), dict(p.payload)) for p in latest
             ]
@@ -213,7 +207,7 @@ class EdgeStore:
         shard, _ = self._shard(collection)
         if not ids:
             return
-        with _classified(collection):
+        with classified(_classify, collection):
             shard.update(qe.UpdateOperation.delete_points(list(ids)))
 
     def _search(
@@ -228,29 +222,25 @@ class EdgeStore:
             with_vector=False,
             params=qe.SearchParams(exact=True),
         )
-        with _classified(collection):
+        with classified(_classify, collection):
             found = shard.query(request)
-        return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in found]
+        return as_hits(found)
 
     def _describe(self, collection: str) -> CollectionSpec:
         return self._shard(collection)[1]
 
     def _count(self, collection: str) -> int:
         shard, _ = self._shard(collection)
-        with _classified(collection):
+        with classified(_classify, collection):
             return shard.count(qe.CountRequest(exact=True))
 
     def _retrieve(self, collection: str, ids: list[str]) -> list[Point]:
         shard, _ = self._shard(collection)
         if not ids:
             return []
-        with _classified(collection):
+        with classified(_classify, collection):
             records = shard.retrieve(list(ids), with_payload=True, with_vector=True)
-        found = {
-            str(r.id): Point(id=str(r.id), vector=as_float_list(r.vector), payload=r.payload or {})
-            for r in records
-        }
-        return [found[i] for i in dict.fromkeys(ids) if i in found]
+        return in_asked_order(records, ids)
 
     def _close_shards(self) -> None:
         errors: list[str] = []
@@ -317,20 +307,14 @@ def _read_sidecar(path: Path, name: str) -> CollectionSpec:
         raise StoreError(f"cannot read {path}: {exc}") from exc
 
 
-@contextlib.contextmanager
-def _classified(collection: str) -> Iterator[None]:
+def _classify(exc: Exception, collection: str) -> StoreError:
     """qdrant-edge raises bare ``Exception``s; sort them by what they say."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except Exception as exc:
-        message = str(exc)
-        if "WouldBlock" in message:
-            raise ShardLocked(
-                f"collection {collection!r} is open in another process or store;"
-                " one process owns a shard"
-            ) from exc
-        if isinstance(exc, TypeError | ValueError) or "dimension error" in message:
-            raise InvalidStoreRequest(f"collection {collection!r}: {message}") from exc
-        raise StoreError(f"qdrant-edge failed on collection {collection!r}: {message}") from exc
+    message = str(exc)
+    if "WouldBlock" in message:
+        return ShardLocked(
+            f"collection {collection!r} is open in another process or store;"
+            " one process owns a shard"
+        )
+    if isinstance(exc, TypeError | ValueError) or "dimension error" in message:
+        return InvalidStoreRequest(f"collection {collection!r}: {message}")
+    return StoreError(f"qdrant-edge failed on collection {collection!r}: {message}")

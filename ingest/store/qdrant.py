@@ -15,8 +15,7 @@ pipeline backs off and retries; 404 becomes ``CollectionNotFound``; 400/422 beco
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -25,14 +24,8 @@ from qdrant_client import AsyncQdrantClient, models
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from ingest.errors import (
-    CollectionModelMismatch,
-    CollectionNotFound,
-    InvalidStoreRequest,
-    StoreError,
-    StoreUnavailable,
-)
-from ingest.store import (
+from embedder.lifecycle import Closable
+from ingest.store.contract import (
     CollectionSpec,
     Condition,
     Distance,
@@ -40,15 +33,25 @@ from ingest.store import (
     PayloadFilter,
     Point,
     VectorLike,
-    as_float_list,
+    as_hits,
     as_vector,
     check_collection_name,
     check_filter,
     check_ids,
     check_limit,
+    check_open,
     check_spec,
+    in_asked_order,
     latest_by_id,
     refuse_mismatch,
+)
+from ingest.store.errors import (
+    CollectionModelMismatch,
+    CollectionNotFound,
+    InvalidStoreRequest,
+    StoreError,
+    StoreUnavailable,
+    classified,
 )
 
 MODEL_KEY = "flotilla_model"
@@ -69,7 +72,7 @@ _UNAVAILABLE_GRPC = {
 }
 
 
-class QdrantStore:
+class QdrantStore(Closable):
     """A ``VectorStore`` on a Qdrant server (or qdrant-client's local mode for tests)."""
 
     def __init__(
@@ -97,20 +100,13 @@ class QdrantStore:
             check_compatibility=check_compatibility,
         )
         self._specs: dict[str, CollectionSpec] = {}
-        self._closed = False
-
-    async def __aenter__(self) -> QdrantStore:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def ensure_collection(
         self, name: str, dimension: int, distance: Distance, model: str
     ) -> CollectionSpec:
         wanted = check_spec(name, dimension, distance, model)
-        self._check_open()
-        with _classified(name):
+        check_open(self)
+        with classified(_classify, name):
             if not await self._client.collection_exists(name):
                 try:
                     await self._client.create_collection(
@@ -139,7 +135,7 @@ class QdrantStore:
             vectors=[as_vector(p.vector, spec.dimension) for p in points],
             payloads=[dict(p.payload) for p in points],
         )
-        with _classified(collection):
+        with classified(_classify, collection):
             await self._client.upsert(collection, points=batch, wait=True)
 
     async def delete(self, collection: str, ids: Sequence[str]) -> None:
@@ -147,7 +143,7 @@ class QdrantStore:
         wanted = check_ids(ids)
         if not wanted:
             return
-        with _classified(collection):
+        with classified(_classify, collection):
             await self._client.delete(
                 collection, points_selector=models.PointIdsList(points=list(wanted)), wait=True
             )
@@ -163,7 +159,7 @@ class QdrantStore:
         query = as_vector(vector, spec.dimension)
         limit = check_limit(limit)
         conditions = check_filter(filter)
-        with _classified(collection):
+        with classified(_classify, collection):
             response = await self._client.query_points(
                 collection,
                 query=query,
@@ -172,11 +168,11 @@ class QdrantStore:
                 with_payload=True,
                 with_vectors=False,
             )
-        return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in response.points]
+        return as_hits(response.points)
 
     async def count(self, collection: str) -> int:
         await self._spec(collection)
-        with _classified(collection):
+        with classified(_classify, collection):
             result = await self._client.count(collection, exact=True)
         return result.count
 
@@ -185,42 +181,31 @@ class QdrantStore:
         wanted = check_ids(ids)
         if not wanted:
             return []
-        with _classified(collection):
+        with classified(_classify, collection):
             records = await self._client.retrieve(
                 collection, ids=wanted, with_payload=True, with_vectors=True
             )
-        found = {
-            str(r.id): Point(id=str(r.id), vector=as_float_list(r.vector), payload=r.payload or {})
-            for r in records
-        }
-        return [found[i] for i in dict.fromkeys(wanted) if i in found]
+        return in_asked_order(records, wanted)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with _classified(None):
+    async def _release(self) -> None:
+        with classified(_classify, None):
             await self._client.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("the vector store is closed")
 
     async def describe(self, collection: str) -> CollectionSpec:
         """What an existing collection holds (``CollectionNotFound`` if none); read
         fresh, since another writer may have created it."""
         check_collection_name(collection)
-        self._check_open()
-        with _classified(collection):
+        check_open(self)
+        with classified(_classify, collection):
             return await self._describe(collection)
 
     async def _spec(self, collection: str) -> CollectionSpec:
         """The collection's spec: remembered from ``ensure_collection`` or read once."""
         check_collection_name(collection)
-        self._check_open()
+        check_open(self)
         spec = self._specs.get(collection)
         if spec is None:
-            with _classified(collection):
+            with classified(_classify, collection):
                 spec = await self._describe(collection)
             self._specs[collection] = spec
         return spec
@@ -263,18 +248,8 @@ def _already_exists(exc: Exception) -> bool:
     return "already exists" in str(exc)
 
 
-@contextlib.contextmanager
-def _classified(collection: str | None) -> Iterator[None]:
-    """Re-raise whatever qdrant-client raises as one of the store's classified errors."""
-    try:
-        yield
-    except StoreError:
-        raise
-    except Exception as exc:
-        raise _classify(exc, collection) from exc
-
-
 def _classify(exc: Exception, collection: str | None) -> StoreError:
+    """What qdrant-client raised, as one of the store's classified errors."""
     where = f"Qdrant (collection {collection!r})" if collection else "Qdrant"
     if isinstance(exc, ResourceExhaustedResponse):
         return StoreUnavailable(

@@ -1,14 +1,10 @@
-"""The vector store seam: what the ingest pipeline needs from Qdrant, and nothing more.
+"""The vector store contract: what the ingest pipeline needs from Qdrant, and nothing more.
 
-Two implementations share one contract (``tests/ingest/test_store_contract.py``):
-
-- ``"qdrant"`` (``store_qdrant.QdrantStore``): a Qdrant server through ``qdrant-client``;
-  its ``:memory:`` and ``path=`` local modes serve tests.
-- ``"edge"`` (``store_edge.EdgeStore``): Qdrant's own engine in-process
-  (``qdrant-edge-py``), persisted under a data directory; the one-machine default.
-
-Choose one with ``open_store(kind, **options)``; importing this module imports neither
-engine.
+The ``VectorStore`` protocol, its values (``Point``, ``Hit``, ``CollectionSpec``), the
+point ids, the checks both engines share so that both refuse the same inputs the same
+way, and the conversions of what they return into the contract's values
+(``tests/ingest/store/test_contract.py`` runs one contract against both).
+The engines (``edge.py``, ``qdrant.py``) import this module; ``ingest.store`` opens them.
 
 **Async.** Every method is a coroutine because the pipeline lives on an event loop. The
 server path is natively async (``AsyncQdrantClient``, no threads); the edge path runs
@@ -43,14 +39,16 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any, Literal, Protocol, Self, TypeAlias, get_args
 
 import numpy as np
 import numpy.typing as npt
 
-from ingest.errors import CollectionModelMismatch, InvalidStoreRequest, StoreError
+from embedder.lifecycle import Closable
+from ingest.store.errors import CollectionModelMismatch, InvalidStoreRequest, StoreError
 
 # Never change: every stored point id is derived from it, so a new value would re-key
 # every collection and turn redeliveries into duplicates.
@@ -151,10 +149,20 @@ class VectorStore(Protocol):
 
     async def __aenter__(self) -> Self: ...
 
-    async def __aexit__(self, *exc_info: object) -> None: ...
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
 
 
 # --- checks both implementations share, so both refuse the same inputs the same way ---
+
+
+def check_open(store: Closable) -> None:
+    if store.closed:
+        raise StoreError("the vector store is closed")
 
 
 def check_collection_name(name: str) -> str:
@@ -217,13 +225,6 @@ def latest_by_id(points: Sequence[Point]) -> list[Point]:
     return list({p.id: p for p in points}.values())
 
 
-def as_float_list(vector: object) -> list[float]:
-    """The dense vector an engine handed back (unnamed vector only)."""
-    if isinstance(vector, list) and all(isinstance(x, float | int) for x in vector):
-        return [float(x) for x in vector]
-    raise StoreError(f"engine returned a vector of unexpected form: {type(vector).__name__}")
-
-
 def check_ids(ids: Sequence[str]) -> list[str]:
     if isinstance(ids, str):
         raise InvalidStoreRequest("ids must be a sequence of UUID strings, not one string")
@@ -263,35 +264,42 @@ def check_filter(filter: PayloadFilter | None) -> list[Condition]:
     return conditions
 
 
-# --- the registry: kind -> opener; the engines are imported only when opened ---
+# --- what the engines hand back, in the contract's values; both engines' records fit ---
 
 
-def _open_qdrant(**options: Any) -> VectorStore:
-    from ingest.store_qdrant import QdrantStore
-
-    return QdrantStore(**options)
-
-
-def _open_edge(**options: Any) -> VectorStore:
-    from ingest.store_edge import EdgeStore
-
-    return EdgeStore(**options)
+class _Returned(Protocol):
+    @property
+    def id(self) -> object: ...
+    @property
+    def payload(self) -> dict[str, Any] | None: ...
 
 
-STORES: dict[str, Callable[..., VectorStore]] = {
-    "qdrant": _open_qdrant,
-    "edge": _open_edge,
-}
+class _Record(_Returned, Protocol):
+    @property
+    def vector(self) -> object: ...
 
 
-def open_store(kind: str, **options: Any) -> VectorStore:
-    """Open a store by kind: ``open_store("edge", data_dir=...)``,
-    ``open_store("qdrant", url=..., api_key=...)`` or ``open_store("qdrant", location=":memory:")``.
-    """
-    try:
-        opener = STORES[kind]
-    except KeyError:
-        raise InvalidStoreRequest(
-            f"unknown vector store {kind!r}; choose one of {sorted(STORES)}"
-        ) from None
-    return opener(**options)
+class _Scored(_Returned, Protocol):
+    @property
+    def score(self) -> float: ...
+
+
+def as_hits(found: Iterable[_Scored]) -> list[Hit]:
+    return [Hit(id=str(p.id), score=p.score, payload=p.payload or {}) for p in found]
+
+
+def in_asked_order(records: Iterable[_Record], ids: Sequence[str]) -> list[Point]:
+    """The retrieved records as points in the order of ``ids``, each once; an id the
+    engine did not return is left out."""
+    found = {
+        str(r.id): Point(id=str(r.id), vector=_as_float_list(r.vector), payload=r.payload or {})
+        for r in records
+    }
+    return [found[i] for i in dict.fromkeys(ids) if i in found]
+
+
+def _as_float_list(vector: object) -> list[float]:
+    """The dense vector an engine handed back (unnamed vector only)."""
+    if isinstance(vector, list) and all(isinstance(x, float | int) for x in vector):
+        return [float(x) for x in vector]
+    raise StoreError(f"engine returned a vector of unexpected form: {type(vector).__name__}")

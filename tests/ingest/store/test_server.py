@@ -1,4 +1,4 @@
-"""The store server: the contract runs through it in test_store_contract.py ("qdrant-facade");
+"""The store server: the contract runs through it in test_contract.py ("qdrant-facade");
 here, what it refuses, several processes writing into one collection, and a SIGKILL."""
 
 from __future__ import annotations
@@ -19,18 +19,17 @@ import httpx
 import pytest
 from qdrant_client.common.version_check import is_compatible
 
-from ingest import store_qdrant
-from ingest.errors import InvalidStoreRequest
-from ingest.store import point_id
-from ingest.store_qdrant import QdrantStore
-from ingest.store_server import (
+from ingest.store import InvalidStoreRequest, point_id
+from ingest.store import qdrant as store_qdrant
+from ingest.store.qdrant import QdrantStore
+from ingest.store.server import (
     MODEL_KEY,
     QDRANT_API_VERSION,
     Filter,
     create_app,
     payload_filter,
 )
-from tests.ingest.store_server_fixture import (
+from tests.ingest.store.server_fixture import (
     REPO,
     free_port,
     start_store_server,
@@ -45,7 +44,7 @@ ID = point_id("docs", "a")
 def test_speaks_the_pinned_clients_version_and_model_key() -> None:
     assert is_compatible(importlib.metadata.version("qdrant-client"), QDRANT_API_VERSION)
     assert store_qdrant.MODEL_KEY == MODEL_KEY
-    code = "import sys, ingest.store_server; assert 'qdrant_client' not in sys.modules"
+    code = "import sys, ingest.store.server; assert 'qdrant_client' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
@@ -136,9 +135,8 @@ def test_filters_translate_to_the_flat_form() -> None:
 
 WRITER = """
 import asyncio, sys
-from ingest.errors import StoreUnavailable
-from ingest.store import Point, point_id
-from ingest.store_qdrant import QdrantStore
+from ingest.store import Point, StoreUnavailable, point_id
+from ingest.store.qdrant import QdrantStore
 
 async def main() -> None:
     url, coll, name = sys.argv[1:4]

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.ingest.store_server_fixture import running_store_server
+from tests.ingest.store.server_fixture import running_store_server
 
 
 @pytest.fixture(scope="session")
