@@ -19,10 +19,10 @@ from fastapi import FastAPI
 
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost, RuntimeLoader
-from embedder.kafka_puller import KafkaPuller
-from embedder.kafka_submitter import KafkaSubmitter
+from embedder.queue.kafka.heartbeat import FleetStatus, WorkerHeartbeat
+from embedder.queue.kafka.puller import KafkaPuller
+from embedder.queue.kafka.submitter import KafkaSubmitter
 from embedder.runtimes import load_runtime
-from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
 from flotilla.ingest import adapter_catalog, configured_store, request_limits
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped

@@ -31,7 +31,7 @@ from embedder.errors import ModelNotFound
 from embedder.fleet import Fleet, load_fleet
 from embedder.host import ModelHost
 from embedder.jobs import split_model
-from embedder.workqueue import InProcessQueue
+from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
 from ingest.embedding import QueueEmbedder

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from embedder.errors import FlotillaError
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost
-from embedder.workqueue import InProcessQueue
+from embedder.queue.inprocess import InProcessQueue
 from flotilla.ingest import adapter_catalog, configured_store, record_rules, request_limits
 from flotilla.settings import Settings
 from gateway.app import create_app

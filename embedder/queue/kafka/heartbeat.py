@@ -24,8 +24,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
 from embedder.jobs import ModelState, ModelStates
-from embedder.kafka_topics import TopicSpec, ensure_topics
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.queue.kafka.topics import TopicSpec, ensure_topics
 
 log = logging.getLogger(__name__)
 

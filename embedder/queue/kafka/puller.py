@@ -1,5 +1,5 @@
-"""The worker's half of the work queue over Kafka (see ``embedder.kafka_submitter``
-for the whole): a consumer-group member that pulls up to its budget, runs, replies,
+"""The worker's half of the work queue over Kafka (the whole is described in
+``embedder.queue.kafka``): a consumer-group member that pulls up to its budget, runs, replies,
 and commits only what has been answered."""
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from aiokafka.errors import (
 )
 from prometheus_client import Counter as MetricCounter
 
-from embedder import kafka_wire as wire
 from embedder.batching import take_within, urgency
 from embedder.errors import LimitExceeded, NotReady
 from embedder.jobs import EmbedJob
-from embedder.kafka_topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
-from embedder.workqueue import Outcome
+from embedder.queue.kafka import wire
+from embedder.queue.kafka.topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
+from embedder.queue.protocol import Outcome
 
 log = logging.getLogger(__name__)
 

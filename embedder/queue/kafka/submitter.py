@@ -1,19 +1,6 @@
-"""The work queue over Kafka, for many machines.
-
-Gateways (``KafkaSubmitter``) produce each job to the request topic: the raw
-body as the value, the annotations as headers (``embedder.kafka_wire``).
-Workers (``KafkaPuller``) form one consumer group over that topic; each pulls
-from what its partitions hold, up to its token budget, and sends every result
-to the reply topic named in the job, where one gateway waits for it.
-
-Delivery is at least once. A worker commits a partition only up to its first
-job whose reply the broker has not acknowledged, so the requests of a worker
-that dies go to the next owner of its partitions; a result may then arrive
-twice, and the gateway keeps the first. A request nobody answers ends at the
-gateway's deadline (504), never in a hang. Cancelling is local to the gateway:
-a withdrawn job may still run and its reply is dropped; a job whose deadline
-has passed when a worker reads it is skipped.
-"""
+"""The gateway's half of the work queue over Kafka (the whole is described in
+``embedder.queue.kafka``): produce each job, and resolve its future from this gateway's
+own reply topic."""
 
 from __future__ import annotations
 
@@ -36,7 +23,6 @@ from aiokafka.errors import (
 )
 from prometheus_client import Counter as MetricCounter
 
-from embedder import kafka_wire as wire
 from embedder.errors import (
     DeadlineExceeded,
     FlotillaError,
@@ -45,8 +31,9 @@ from embedder.errors import (
     NotReady,
 )
 from embedder.jobs import EmbedJob, JobResult
-from embedder.kafka_topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.queue.kafka import wire
+from embedder.queue.kafka.topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
 
 log = logging.getLogger(__name__)
 
