@@ -31,6 +31,7 @@ from embedder.errors import LimitExceeded, NotReady
 from embedder.jobs import EmbedJob
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.kafka import wire
+from embedder.queue.kafka.puller_state import PullerState
 from embedder.queue.kafka.topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
 from embedder.queue.protocol import Outcome
 
@@ -93,6 +94,7 @@ class KafkaPuller(Lifecycle):
     Only ``pull`` reads from Kafka, and only while the buffer is under the budget asked
     for, so a busy worker leaves its backlog in its partitions. Offsets are committed
     every ``COMMIT_INTERVAL_S`` up to the first job without an acknowledged reply.
+    Whether it hands jobs out and sends answers follows from one ``PullerState``.
     """
 
     def __init__(
@@ -126,10 +128,7 @@ class KafkaPuller(Lifecycle):
         self._buffer: list[EmbedJob] = []
         self._replies: set[asyncio.Task[None]] = set()
         self._released = asyncio.Event()  # set whenever a job leaves _held
-        self._rebalancing = False  # pull hands out nothing while partitions move
-        self._draining = False  # nor after drain()
-        self._started = False  # nor before the consumer has joined
-        self._abandoned = False  # after drain() ran out of time: nothing more is answered
+        self._state = PullerState()
 
     async def start(self) -> None:
         if self._consumer is not None:
@@ -162,17 +161,16 @@ class KafkaPuller(Lifecycle):
         await self._consumer.start()
         # Only now may pull() fetch: the worker pulls as soon as its first model loads,
         # and a consumer still starting has no coordinator yet.
-        self._started = True
+        self._state = self._state.joined()
         self._committer = watch(asyncio.create_task(self._commit_loop(), name="kafka-commits"))
 
     async def stop(self) -> None:
         """Commit what is answered and leave the group (its partitions move at once).
         Call ``drain`` first to finish the work in hand."""
         consumer, self._consumer = self._consumer, None
-        self._started = False
         if consumer is None:
             return
-        self._draining = True
+        self._state = self._state.stopped()
         await cancel_and_wait(self._committer)
         if self._replies:
             await asyncio.wait(set(self._replies), timeout=10.0)
@@ -187,13 +185,13 @@ class KafkaPuller(Lifecycle):
         Jobs read but not handed out stay uncommitted, for the next owner; so do the
         jobs still unanswered after ``timeout_s``, which are then abandoned (their
         answers are dropped). Returns how many were abandoned."""
-        self._draining = True
+        self._state = self._state.draining()
         self._drop_buffered(lambda held: True)
         deadline = time.monotonic() + timeout_s
         await self._until(lambda: not self._held, deadline)
         if self._replies:
             await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
-        self._abandoned = True
+        self._state = self._state.abandoned()
         return len(self._held)
 
     # -- JobPuller ---------------------------------------------------------------------
@@ -201,14 +199,15 @@ class KafkaPuller(Lifecycle):
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
     ) -> list[EmbedJob]:
-        if self._consumer is None or not self._started or self._rebalancing or self._draining:
+        # The consumer is None only in states that hand nothing out; checked for the types.
+        if self._consumer is None or not self._state.hands_out:
             await asyncio.sleep(timeout_s)
             return []
         if not self._buffer:
             await self._fetch(self._consumer, timeout_s)
         elif sum(job.est_tokens for job in self._buffer) < max_tokens:
             await self._fetch(self._consumer, 0.0)  # top up with what has arrived
-        if self._rebalancing or self._draining:  # began while fetching; the buffer is gone
+        if not self._state.hands_out:  # a rebalance or drain began meanwhile: buffer gone
             return []
         foreign = [job for job in self._buffer if job.model not in models]
         for job in foreign:
@@ -224,7 +223,7 @@ class KafkaPuller(Lifecycle):
 
     async def complete(self, job_id: str, outcome: Outcome) -> None:
         held = self._held.pop(job_id, None)
-        if held is None or self._abandoned:
+        if held is None or not self._state.answers:
             return
         self._released.set()
         # Sending in a task: a reply topic whose gateway is gone makes the producer wait for
@@ -241,7 +240,7 @@ class KafkaPuller(Lifecycle):
         gone: set[str] = set()
         for job_id in job_ids:
             held = self._held.get(job_id)
-            if held is None or self._abandoned:
+            if held is None or not self._state.answers:
                 gone.add(job_id)
             elif self._partitions.get(held.tp) is not held.partition:
                 del self._held[job_id]
@@ -373,7 +372,7 @@ class KafkaPuller(Lifecycle):
                 await asyncio.wait_for(self._released.wait(), remaining)
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
-        self._rebalancing = True
+        self._state = self._state.revoking()
         self._drop_buffered(lambda held: held.tp in revoked)
         deadline = time.monotonic() + REVOKE_DRAIN_S
         await self._until(lambda: all(h.tp not in revoked for h in self._held.values()), deadline)
@@ -387,5 +386,5 @@ class KafkaPuller(Lifecycle):
     def _assigned(self, assigned: Sequence[TopicPartition]) -> None:
         for tp in assigned:
             self._partitions[tp] = _Partition()
-        self._rebalancing = False
+        self._state = self._state.assigned()
         log.info("assigned %s", sorted(tp.partition for tp in assigned))
