@@ -6,6 +6,6 @@ serves one machine; ``kafka`` spans many. Importing this package or
 service needs none.
 """
 
-from embedder.queue.protocol import JobPuller, JobSubmitter, Outcome, WorkQueue
+from embedder.queue.protocol import JobPuller, JobSubmitter, Outcome, WorkQueue, resolve
 
-__all__ = ["JobPuller", "JobSubmitter", "Outcome", "WorkQueue"]
+__all__ = ["JobPuller", "JobSubmitter", "Outcome", "WorkQueue", "resolve"]

@@ -14,9 +14,8 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
 
 from embedder.batching import take_within, urgency
-from embedder.errors import FlotillaError
 from embedder.jobs import EmbedJob, JobResult
-from embedder.queue.protocol import Outcome
+from embedder.queue.protocol import Outcome, resolve
 
 
 class InProcessQueue:
@@ -82,10 +81,7 @@ class InProcessQueue:
         future = self._waiters.pop(job_id, None)
         if future is None or future.done():
             return  # the requester gave up; nothing waits for this result
-        if isinstance(outcome, FlotillaError):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+        resolve(future, outcome)
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         return {job_id for job_id in job_ids if job_id not in self._waiters}

@@ -56,3 +56,12 @@ class JobPuller(Protocol):
 
 class WorkQueue(JobSubmitter, JobPuller, Protocol):
     """Both halves in one object: the in-process queue of a single machine."""
+
+
+def resolve(future: asyncio.Future[JobResult], outcome: Outcome) -> None:
+    """Hand an outcome to the future a requester awaits: the result, or the error raised
+    there. The caller has made sure the future is not done yet."""
+    if isinstance(outcome, FlotillaError):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

@@ -1,6 +1,6 @@
 """The worker's half of the work queue over Kafka (the whole is described in
-``embedder.queue.kafka``): a consumer-group member that pulls up to its budget, runs, replies,
-and commits only what has been answered."""
+``embedder.queue.kafka``): a consumer-group member that pulls up to its budget, runs,
+replies, and commits only what has been answered."""
 
 from __future__ import annotations
 
@@ -30,9 +30,8 @@ from embedder.batching import take_within, urgency
 from embedder.errors import LimitExceeded, NotReady
 from embedder.jobs import EmbedJob
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
-from embedder.queue.kafka import wire
+from embedder.queue.kafka import topics, wire
 from embedder.queue.kafka.puller_state import PullerState
-from embedder.queue.kafka.topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
 from embedder.queue.protocol import Outcome
 
 log = logging.getLogger(__name__)
@@ -133,10 +132,8 @@ class KafkaPuller(Lifecycle):
     async def start(self) -> None:
         if self._consumer is not None:
             return
-        await ensure_topics(
-            self.bootstrap,
-            {self.topic: TopicSpec(self.partitions, short_lived(self.max_message_bytes))},
-        )
+        spec = topics.TopicSpec(self.partitions, topics.short_lived(self.max_message_bytes))
+        await topics.ensure_topics(self.bootstrap, {self.topic: spec})
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=self.group,
@@ -144,18 +141,13 @@ class KafkaPuller(Lifecycle):
             # A new group starts at the oldest request: jobs still in their deadline run,
             # older ones are skipped unread (their headers say they expired).
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            fetch_max_wait_ms=topics.FETCH_MAX_WAIT_MS,
             max_partition_fetch_bytes=self.max_message_bytes,
             max_poll_records=self.max_poll_records,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
         )
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            acks=1,
-            linger_ms=0,
-            max_request_size=self.max_message_bytes,
-        )
+        self._producer = topics.producer(self.bootstrap, self.max_message_bytes)
         await self._producer.start()
         self._consumer.subscribe([self.topic], listener=_Rebalance(self))
         await self._consumer.start()
@@ -187,10 +179,7 @@ class KafkaPuller(Lifecycle):
         answers are dropped). Returns how many were abandoned."""
         self._state = self._state.draining()
         self._drop_buffered(lambda held: True)
-        deadline = time.monotonic() + timeout_s
-        await self._until(lambda: not self._held, deadline)
-        if self._replies:
-            await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
+        await self._until_answered(lambda: not self._held, time.monotonic() + timeout_s)
         self._state = self._state.abandoned()
         return len(self._held)
 
@@ -364,20 +353,23 @@ class KafkaPuller(Lifecycle):
         self._buffer = keep
         self._released.set()
 
-    async def _until(self, done: Callable[[], bool], deadline: float) -> None:
-        """Wait until ``done()`` (checked each time a job leaves _held) or the deadline."""
+    async def _until_answered(self, done: Callable[[], bool], deadline: float) -> None:
+        """Wait until ``done()`` (checked each time a job leaves _held), then until the
+        broker has acknowledged every reply sent, or until the deadline."""
         while not done() and (remaining := deadline - time.monotonic()) > 0:
             self._released.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._released.wait(), remaining)
+        if self._replies:  # answered, but the broker has not acknowledged every reply yet
+            await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
 
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
         self._state = self._state.revoking()
         self._drop_buffered(lambda held: held.tp in revoked)
-        deadline = time.monotonic() + REVOKE_DRAIN_S
-        await self._until(lambda: all(h.tp not in revoked for h in self._held.values()), deadline)
-        if self._replies:  # answered, but the broker has not acknowledged every reply yet
-            await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
+        await self._until_answered(
+            lambda: all(h.tp not in revoked for h in self._held.values()),
+            time.monotonic() + REVOKE_DRAIN_S,
+        )
         if self._consumer is not None:
             await self._commit(self._consumer)
         for tp in revoked:
