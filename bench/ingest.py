@@ -33,7 +33,7 @@ from bench.report import machine, median, results_dir, table, write_json
 from embedder.codecs import RequestLimits
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost
-from embedder.workqueue import InProcessQueue
+from embedder.queue.inprocess import InProcessQueue
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore

@@ -1,6 +1,8 @@
 """Workers that pull jobs, form their own batches and run models.
 
 Importing this package (or its torch-free modules: ``jobs``, ``errors``,
-``fleet``, ``batching``, ``workqueue``) never imports torch; only
-``embedder.runtimes.torch_st`` does.
+``fleet``, ``batching``, ``lifecycle``, and the ``queue`` package with every
+substrate in it) never imports torch; only ``embedder.runtimes.torch_st`` does.
+``embedder.queue`` and ``embedder.queue.inprocess`` import no broker client
+either; ``embedder.queue.kafka``'s client modules import aiokafka.
 """

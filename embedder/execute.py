@@ -31,8 +31,8 @@ from embedder.codecs import (
 from embedder.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
 from embedder.fleet import ModelSpec
 from embedder.jobs import EmbedJob, JobResult, Task, Timings
+from embedder.queue import Outcome
 from embedder.runtimes import Encoded, Runtime
-from embedder.workqueue import Outcome
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.jobs import ModelState
 from embedder.lifecycle import Lifecycle
+from embedder.queue import JobPuller
 from embedder.runtimes import Runtime, detect_device, load_runtime
 from embedder.worker import Worker
-from embedder.workqueue import JobPuller
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from embedder.errors import DeadlineExceeded, FlotillaError, InferenceFailed
 from embedder.execute import BatchReport, LoadedModel, run_batch
 from embedder.jobs import EmbedJob
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
-from embedder.workqueue import JobPuller
+from embedder.queue import JobPuller
 
 log = logging.getLogger(__name__)
 

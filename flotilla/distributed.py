@@ -17,11 +17,11 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from embedder.host import RuntimeLoader
-from embedder.kafka_puller import KafkaPuller
-from embedder.kafka_submitter import KafkaSubmitter
+from embedder.queue.kafka.heartbeat import FleetStatus, WorkerHeartbeat
+from embedder.queue.kafka.puller import KafkaPuller
+from embedder.queue.kafka.submitter import KafkaSubmitter
 from embedder.runtimes import load_runtime
 from flotilla import wiring
-from flotilla.heartbeat import FleetStatus, WorkerHeartbeat
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
 from flotilla.worker_http import WorkerHttp

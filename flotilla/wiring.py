@@ -25,8 +25,9 @@ from embedder.errors import ModelNotFound
 from embedder.fleet import Fleet, load_fleet
 from embedder.host import ModelHost, RuntimeLoader
 from embedder.jobs import split_model
+from embedder.queue import JobPuller
+from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import load_runtime
-from embedder.workqueue import InProcessQueue, JobPuller
 from flotilla import __version__
 from flotilla.settings import Settings
 from flotilla.signals import unless_stopped

@@ -12,7 +12,7 @@ from embedder.adapters import AdapterCatalog
 from embedder.errors import FlotillaError
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, ModelStates
-from embedder.workqueue import JobSubmitter
+from embedder.queue import JobSubmitter
 from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.search import CollectionSearch

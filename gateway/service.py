@@ -25,7 +25,7 @@ from embedder.errors import (
 )
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, EmbedJob, JobResult, ModelStates
-from embedder.workqueue import JobSubmitter
+from embedder.queue import JobSubmitter
 from gateway import metrics
 from gateway.admission import Admission, RateMeter
 from gateway.annotate import annotate

@@ -19,7 +19,7 @@ from embedder.codecs import decode_raw_vectors, raw_vectors_body
 from embedder.errors import FlotillaError
 from embedder.fleet import PromptUse
 from embedder.jobs import ApiShape, EmbedJob, split_model
-from embedder.workqueue import WorkQueue
+from embedder.queue import WorkQueue
 
 Embedding = NDArray[np.float32] | FlotillaError
 

@@ -75,8 +75,8 @@ def test_reply_topic_defaults_to_host_and_port_in_kafka_characters() -> None:
 def test_the_distributed_gateway_imports_leave_torch_out() -> None:
     modules = (
         "flotilla.distributed",
-        "embedder.kafka_submitter",
-        "embedder.kafka_puller",
-        "flotilla.heartbeat",
+        "embedder.queue.kafka.submitter",
+        "embedder.queue.kafka.puller",
+        "embedder.queue.kafka.heartbeat",
     )
     assert heavy_modules_after(*modules) == []

@@ -16,8 +16,8 @@ import yaml
 
 from embedder.fleet import load_fleet
 from embedder.jobs import ModelState
+from embedder.queue.kafka.heartbeat import WorkerHeartbeat
 from flotilla.distributed import build_gateway_app, run_worker
-from flotilla.heartbeat import WorkerHeartbeat
 from flotilla.settings import Settings
 from tests.distributed.helpers import eventually
 from tests.fakes import FAIL_MARKER, FakeLoader

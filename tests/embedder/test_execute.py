@@ -13,7 +13,7 @@ from embedder.codecs import RequestLimits
 from embedder.errors import InvalidRequest, LimitExceeded
 from embedder.execute import LoadedModel, run_batch
 from embedder.jobs import ApiShape, EmbedJob, JobResult
-from embedder.workqueue import Outcome
+from embedder.queue import Outcome
 from tests.fakes import E5_PROMPTS, FakeRuntime, fake_fleet
 
 NOW = 1_000.0

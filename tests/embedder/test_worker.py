@@ -30,9 +30,9 @@ from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, ModelSpec
 from embedder.host import ModelHost
 from embedder.jobs import ApiShape, EmbedJob, JobResult, TruncationSide
+from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import Encoded
 from embedder.worker import Worker
-from embedder.workqueue import InProcessQueue
 from tests.fakes import FAIL_MARKER, FakeLoader, FakeRuntime, fake_fleet
 
 OPENAI = ApiShape.OPENAI_EMBEDDINGS

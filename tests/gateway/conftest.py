@@ -26,8 +26,8 @@ from embedder.codecs import RequestLimits
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.host import ModelHost, RuntimeLoader
 from embedder.jobs import EmbedJob, JobResult, Task
+from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import Encoded
-from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app

@@ -13,12 +13,13 @@ import pytest
 HEAVY = ("torch", "sentence_transformers", "transformers")
 
 
-def heavy_modules_after(*imports: str) -> list[str]:
+def heavy_modules_after(*imports: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    """The modules of the ``heavy`` packages loaded once ``imports`` are imported."""
     probe = (
         "import importlib, json, sys\n"
         f"for name in {list(imports)!r}:\n"
         "    importlib.import_module(name)\n"
-        f"heavy = {HEAVY!r}\n"
+        f"heavy = {heavy!r}\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in heavy)))\n"
     )
     done = subprocess.run(

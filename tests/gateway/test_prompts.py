@@ -18,8 +18,8 @@ from numpy.typing import NDArray
 from embedder.codecs import RequestLimits
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.host import ModelHost
+from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import Runtime, load_runtime
-from embedder.workqueue import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app

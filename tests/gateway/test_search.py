@@ -10,7 +10,7 @@ import pytest
 
 from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
-from embedder.workqueue import InProcessQueue
+from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app

@@ -14,7 +14,7 @@ from embedder.adapters import AdapterCatalog
 from embedder.codecs import RequestLimits
 from embedder.fleet import Fleet
 from embedder.host import ModelHost
-from embedder.workqueue import InProcessQueue
+from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.wiring import record_rules
 from ingest.embedding import QueueEmbedder

@@ -20,8 +20,8 @@ import pytest
 from embedder.codecs import RequestLimits
 from embedder.fleet import Fleet, load_fleet
 from embedder.host import ModelHost
+from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import load_runtime
-from embedder.workqueue import InProcessQueue
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import ERROR_HEADER, KafkaSource, dlq_topic
 from ingest.pipeline import Backoff, IngestCore

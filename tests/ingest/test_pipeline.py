@@ -12,7 +12,7 @@ import pytest
 
 from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
-from embedder.workqueue import InProcessQueue
+from embedder.queue.inprocess import InProcessQueue
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import Backoff, IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef

@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from embedder import kafka_wire as wire
 from embedder.errors import (
     DeadlineExceeded,
     FlotillaError,
@@ -21,6 +20,7 @@ from embedder.errors import (
     Unauthorized,
 )
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.queue.kafka import wire
 
 
 def a_job(**changes: object) -> EmbedJob:

@@ -1,19 +1,6 @@
-"""The work queue over Kafka, for many machines.
-
-Gateways (``KafkaSubmitter``) produce each job to the request topic: the raw
-body as the value, the annotations as headers (``embedder.kafka_wire``).
-Workers (``KafkaPuller``) form one consumer group over that topic; each pulls
-from what its partitions hold, up to its token budget, and sends every result
-to the reply topic named in the job, where one gateway waits for it.
-
-Delivery is at least once. A worker commits a partition only up to its first
-job whose reply the broker has not acknowledged, so the requests of a worker
-that dies go to the next owner of its partitions; a result may then arrive
-twice, and the gateway keeps the first. A request nobody answers ends at the
-gateway's deadline (504), never in a hang. Cancelling is local to the gateway:
-a withdrawn job may still run and its reply is dropped; a job whose deadline
-has passed when a worker reads it is skipped.
-"""
+"""The gateway's half of the work queue over Kafka (the whole is described in
+``embedder.queue.kafka``): produce each job, and resolve its future from this gateway's
+own reply topic."""
 
 from __future__ import annotations
 
@@ -24,29 +11,24 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from aiokafka import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRecord,
-    TopicPartition,
-)
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import (
     KafkaError,
     MessageSizeTooLargeError,
 )
 from prometheus_client import Counter as MetricCounter
 
-from embedder import kafka_wire as wire
 from embedder.errors import (
     DeadlineExceeded,
-    FlotillaError,
     InferenceFailed,
     LimitExceeded,
     NotReady,
 )
 from embedder.jobs import EmbedJob, JobResult
-from embedder.kafka_topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
-from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.lifecycle import Lifecycle
+from embedder.queue.kafka import topics, wire
+from embedder.queue.kafka.reader import TopicReader
+from embedder.queue.protocol import resolve
 
 log = logging.getLogger(__name__)
 
@@ -81,59 +63,49 @@ class KafkaSubmitter(Lifecycle):
         self.dropped_replies = 0
         self._waiters: dict[str, tuple[asyncio.Future[JobResult], str]] = {}
         self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._replies: TopicReader | None = None  # set once started
 
     async def start(self) -> None:
-        if self._task is not None:
+        if self._replies is not None:
             return
-        limits = short_lived(self.max_message_bytes)
-        await ensure_topics(
+        limits = topics.short_lived(self.max_message_bytes)
+        await topics.ensure_topics(
             self.bootstrap,
             {
-                self.request_topic: TopicSpec(self.request_partitions, limits),
-                self.reply_topic: TopicSpec(1, limits),
+                self.request_topic: topics.TopicSpec(self.request_partitions, limits),
+                self.reply_topic: topics.TopicSpec(1, limits),
             },
         )
-        # Clients are made here, not in __init__: aiokafka binds them to the running loop.
-        # acks=1 and no idempotence: a request lost in a leader failover ends in a 504 the
-        # client retries, and a duplicate only costs a forward pass (the reply is deduped).
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            acks=1,
-            linger_ms=0,
-            max_request_size=self.max_message_bytes,
-        )
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=None,  # this gateway alone reads its reply topic
-            enable_auto_commit=False,
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+        self._producer = topics.producer(self.bootstrap, self.max_message_bytes)
+        await self._producer.start()
+        # This gateway alone reads its reply topic, from its end: older replies are for
+        # requests of a gateway that has gone.
+        replies = TopicReader(
+            bootstrap=self.bootstrap,
+            topic=self.reply_topic,
+            handle=self._resolve,
+            what="replies",
+            fetch_max_wait_ms=topics.FETCH_MAX_WAIT_MS,
             max_partition_fetch_bytes=self.max_message_bytes,
         )
-        await self._producer.start()
-        await self._consumer.start()
-        partition = TopicPartition(self.reply_topic, 0)
-        self._consumer.assign([partition])
-        await self._consumer.seek_to_end(partition)
-        # Resolve the position now: a reply written before it would be skipped.
-        await self._consumer.position(partition)
-        self._task = watch(asyncio.create_task(self._read_replies(), name="kafka-replies"))
+        await replies.start()
+        self._replies = replies
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
+        replies, self._replies = self._replies, None
+        if replies is None:
             return
-        await cancel_and_wait(task)
+        # The waiters fail first, so requests hear of the shutdown while the consumer
+        # closes; the reader's task gets no turn in between to resolve one of them.
         for future, _ in list(self._waiters.values()):
             if not future.done():
                 future.set_exception(NotReady("the gateway is shutting down"))
-        assert self._consumer is not None and self._producer is not None
-        await self._consumer.stop()
+        await replies.stop()
+        assert self._producer is not None
         await self._producer.stop()
 
     async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
-        if self._producer is None or self._task is None:
+        if self._producer is None or self._replies is None:
             raise NotReady("the Kafka work queue is not started")
         if job.id in self._waiters:
             raise ValueError(f"job id {job.id!r} is already queued")
@@ -181,20 +153,6 @@ class KafkaSubmitter(Lifecycle):
         gateway cannot tell which)."""
         return Counter(model for _, model in self._waiters.values())
 
-    async def _read_replies(self) -> None:
-        assert self._consumer is not None
-        while True:
-            try:
-                batches = await self._consumer.getmany(timeout_ms=1_000)
-            except KafkaError:
-                # Requests keep their deadlines meanwhile: none hangs past it.
-                log.exception("reading replies from %s failed; retrying", self.reply_topic)
-                await asyncio.sleep(1.0)
-                continue
-            for records in batches.values():
-                for record in records:
-                    self._resolve(record)
-
     def _resolve(self, record: ConsumerRecord[bytes, bytes]) -> None:
         headers = list(record.headers)
         entry = self._waiters.pop(wire.reply_id(headers) or "", None)
@@ -207,8 +165,5 @@ class KafkaSubmitter(Lifecycle):
             outcome = wire.decode_outcome(headers, record.value)
         except wire.MalformedRecord as exc:
             outcome = InferenceFailed(f"the worker's reply could not be read: {exc}")
-        if isinstance(outcome, FlotillaError):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+        resolve(future, outcome)
         REPLIES.labels("delivered").inc()

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from embedder.errors import FlotillaError
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
-from embedder.workqueue import Outcome
+from embedder.queue.protocol import Outcome
 
 Headers = list[tuple[str, bytes]]
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from embedder import kafka_wire as wire
 from embedder.errors import DeadlineExceeded, InvalidRequest, NotReady
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
-from embedder.kafka_puller import COMMIT_INTERVAL_S, KafkaPuller
-from embedder.kafka_submitter import KafkaSubmitter
+from embedder.queue.kafka import wire
+from embedder.queue.kafka.puller import COMMIT_INTERVAL_S, KafkaPuller
+from embedder.queue.kafka.submitter import KafkaSubmitter
 from tests.distributed.helpers import eventually
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name

@@ -20,12 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
 from embedder.jobs import ModelState, ModelStates
-from embedder.kafka_topics import TopicSpec, ensure_topics
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.queue.kafka import topics
+from embedder.queue.kafka.reader import TopicReader
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +35,15 @@ HISTORY = 1_024  # beats read back at start: enough for every live worker's last
 MISSED_BEATS = 3  # a worker silent this many intervals is gone
 
 
-def status_topic_spec() -> TopicSpec:
-    return TopicSpec(
+def status_topic_spec() -> topics.TopicSpec:
+    return topics.TopicSpec(
         1, {"retention.ms": str(STATUS_RETENTION_MS), "segment.ms": str(STATUS_RETENTION_MS)}
     )
 
 
 class WorkerHeartbeat(Lifecycle):
+    """A worker's side: a beat at start, one every ``interval_s``, a goodbye at stop."""
+
     def __init__(
         self,
         *,
@@ -63,8 +66,8 @@ class WorkerHeartbeat(Lifecycle):
     async def start(self) -> None:
         if self._task is not None:
             return
-        await ensure_topics(self.bootstrap, {self.topic: status_topic_spec()})
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=0)
+        await topics.ensure_topics(self.bootstrap, {self.topic: status_topic_spec()})
+        self._producer = topics.producer(self.bootstrap)  # beats are small: the default size
         await self._producer.start()
         await self._send(leaving=False)  # known at once, not an interval later
         self._task = watch(asyncio.create_task(self._beat(), name="heartbeat"))
@@ -123,50 +126,33 @@ class FleetStatus(Lifecycle):
         self.topic = topic
         self.clock = clock
         self._workers: dict[str, _Seen] = {}
-        self._consumer: AIOKafkaConsumer | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._reader: TopicReader | None = None  # set once started
 
     async def start(self) -> None:
-        if self._task is not None:
+        if self._reader is not None:
             return
-        await ensure_topics(self.bootstrap, {self.topic: status_topic_spec()})
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
+        await topics.ensure_topics(self.bootstrap, {self.topic: status_topic_spec()})
+        # Starting shortly before the end: every live worker's last beat is in there, so
+        # the gateway knows them at once instead of an interval later.
+        reader = TopicReader(
+            bootstrap=self.bootstrap,
+            topic=self.topic,
+            handle=self._note,
+            what="heartbeats",
+            history=HISTORY,
             auto_offset_reset="earliest",
             fetch_max_wait_ms=100,
         )
-        await self._consumer.start()
-        partition = TopicPartition(self.topic, 0)
-        self._consumer.assign([partition])
-        first = (await self._consumer.beginning_offsets([partition]))[partition]
-        end = (await self._consumer.end_offsets([partition]))[partition]
-        self._consumer.seek(partition, max(first, end - HISTORY))
-        self._task = watch(asyncio.create_task(self._read(), name="fleet-status"))
+        await reader.start()
+        self._reader = reader
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
-            return
-        await cancel_and_wait(task)
-        assert self._consumer is not None
-        await self._consumer.stop()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            await reader.stop()
 
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        while True:
-            try:
-                batches = await self._consumer.getmany(timeout_ms=1_000)
-            except KafkaError:
-                log.exception("reading worker heartbeats failed; retrying")
-                await asyncio.sleep(1.0)
-                continue
-            for records in batches.values():
-                for record in records:
-                    self._note(record.value, record.timestamp / 1e3)
-
-    def _note(self, value: bytes | None, at: float) -> None:
+    def _note(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        value, at = record.value, record.timestamp / 1e3  # the beat's time, in seconds
         try:
             beat = json.loads(value or b"")
             worker = str(beat["worker"])

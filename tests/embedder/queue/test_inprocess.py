@@ -10,7 +10,7 @@ import pytest
 
 from embedder.errors import InvalidRequest
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
-from embedder.workqueue import InProcessQueue
+from embedder.queue.inprocess import InProcessQueue
 
 # Long enough that no test waits it out by accident, short enough to fail fast if one does.
 WAIT_S = 2.0

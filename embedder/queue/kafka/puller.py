@@ -1,6 +1,6 @@
-"""The worker's half of the work queue over Kafka (see ``embedder.kafka_submitter``
-for the whole): a consumer-group member that pulls up to its budget, runs, replies,
-and commits only what has been answered."""
+"""The worker's half of the work queue over Kafka (the whole is described in
+``embedder.queue.kafka``): a consumer-group member that pulls up to its budget, runs,
+replies, and commits only what has been answered."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ from aiokafka.errors import (
 )
 from prometheus_client import Counter as MetricCounter
 
-from embedder import kafka_wire as wire
 from embedder.batching import take_within, urgency
 from embedder.errors import LimitExceeded, NotReady
 from embedder.jobs import EmbedJob
-from embedder.kafka_topics import FETCH_MAX_WAIT_MS, TopicSpec, ensure_topics, short_lived
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
-from embedder.workqueue import Outcome
+from embedder.queue.kafka import topics, wire
+from embedder.queue.kafka.puller_state import PullerState
+from embedder.queue.protocol import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ class KafkaPuller(Lifecycle):
     Only ``pull`` reads from Kafka, and only while the buffer is under the budget asked
     for, so a busy worker leaves its backlog in its partitions. Offsets are committed
     every ``COMMIT_INTERVAL_S`` up to the first job without an acknowledged reply.
+    Whether it hands jobs out and sends answers follows from one ``PullerState``.
     """
 
     def __init__(
@@ -126,18 +127,13 @@ class KafkaPuller(Lifecycle):
         self._buffer: list[EmbedJob] = []
         self._replies: set[asyncio.Task[None]] = set()
         self._released = asyncio.Event()  # set whenever a job leaves _held
-        self._rebalancing = False  # pull hands out nothing while partitions move
-        self._draining = False  # nor after drain()
-        self._started = False  # nor before the consumer has joined
-        self._abandoned = False  # after drain() ran out of time: nothing more is answered
+        self._state = PullerState()
 
     async def start(self) -> None:
         if self._consumer is not None:
             return
-        await ensure_topics(
-            self.bootstrap,
-            {self.topic: TopicSpec(self.partitions, short_lived(self.max_message_bytes))},
-        )
+        spec = topics.TopicSpec(self.partitions, topics.short_lived(self.max_message_bytes))
+        await topics.ensure_topics(self.bootstrap, {self.topic: spec})
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap,
             group_id=self.group,
@@ -145,34 +141,28 @@ class KafkaPuller(Lifecycle):
             # A new group starts at the oldest request: jobs still in their deadline run,
             # older ones are skipped unread (their headers say they expired).
             auto_offset_reset="earliest",
-            fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+            fetch_max_wait_ms=topics.FETCH_MAX_WAIT_MS,
             max_partition_fetch_bytes=self.max_message_bytes,
             max_poll_records=self.max_poll_records,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
         )
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
-            acks=1,
-            linger_ms=0,
-            max_request_size=self.max_message_bytes,
-        )
+        self._producer = topics.producer(self.bootstrap, self.max_message_bytes)
         await self._producer.start()
         self._consumer.subscribe([self.topic], listener=_Rebalance(self))
         await self._consumer.start()
         # Only now may pull() fetch: the worker pulls as soon as its first model loads,
         # and a consumer still starting has no coordinator yet.
-        self._started = True
+        self._state = self._state.joined()
         self._committer = watch(asyncio.create_task(self._commit_loop(), name="kafka-commits"))
 
     async def stop(self) -> None:
         """Commit what is answered and leave the group (its partitions move at once).
         Call ``drain`` first to finish the work in hand."""
         consumer, self._consumer = self._consumer, None
-        self._started = False
         if consumer is None:
             return
-        self._draining = True
+        self._state = self._state.stopped()
         await cancel_and_wait(self._committer)
         if self._replies:
             await asyncio.wait(set(self._replies), timeout=10.0)
@@ -187,13 +177,10 @@ class KafkaPuller(Lifecycle):
         Jobs read but not handed out stay uncommitted, for the next owner; so do the
         jobs still unanswered after ``timeout_s``, which are then abandoned (their
         answers are dropped). Returns how many were abandoned."""
-        self._draining = True
+        self._state = self._state.draining()
         self._drop_buffered(lambda held: True)
-        deadline = time.monotonic() + timeout_s
-        await self._until(lambda: not self._held, deadline)
-        if self._replies:
-            await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
-        self._abandoned = True
+        await self._until_answered(lambda: not self._held, time.monotonic() + timeout_s)
+        self._state = self._state.abandoned()
         return len(self._held)
 
     # -- JobPuller ---------------------------------------------------------------------
@@ -201,14 +188,15 @@ class KafkaPuller(Lifecycle):
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
     ) -> list[EmbedJob]:
-        if self._consumer is None or not self._started or self._rebalancing or self._draining:
+        # The consumer is None only in states that hand nothing out; checked for the types.
+        if self._consumer is None or not self._state.hands_out:
             await asyncio.sleep(timeout_s)
             return []
         if not self._buffer:
             await self._fetch(self._consumer, timeout_s)
         elif sum(job.est_tokens for job in self._buffer) < max_tokens:
             await self._fetch(self._consumer, 0.0)  # top up with what has arrived
-        if self._rebalancing or self._draining:  # began while fetching; the buffer is gone
+        if not self._state.hands_out:  # a rebalance or drain began meanwhile: buffer gone
             return []
         foreign = [job for job in self._buffer if job.model not in models]
         for job in foreign:
@@ -224,7 +212,7 @@ class KafkaPuller(Lifecycle):
 
     async def complete(self, job_id: str, outcome: Outcome) -> None:
         held = self._held.pop(job_id, None)
-        if held is None or self._abandoned:
+        if held is None or not self._state.answers:
             return
         self._released.set()
         # Sending in a task: a reply topic whose gateway is gone makes the producer wait for
@@ -241,7 +229,7 @@ class KafkaPuller(Lifecycle):
         gone: set[str] = set()
         for job_id in job_ids:
             held = self._held.get(job_id)
-            if held is None or self._abandoned:
+            if held is None or not self._state.answers:
                 gone.add(job_id)
             elif self._partitions.get(held.tp) is not held.partition:
                 del self._held[job_id]
@@ -365,20 +353,23 @@ class KafkaPuller(Lifecycle):
         self._buffer = keep
         self._released.set()
 
-    async def _until(self, done: Callable[[], bool], deadline: float) -> None:
-        """Wait until ``done()`` (checked each time a job leaves _held) or the deadline."""
+    async def _until_answered(self, done: Callable[[], bool], deadline: float) -> None:
+        """Wait until ``done()`` (checked each time a job leaves _held), then until the
+        broker has acknowledged every reply sent, or until the deadline."""
         while not done() and (remaining := deadline - time.monotonic()) > 0:
             self._released.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._released.wait(), remaining)
-
-    async def _revoked(self, revoked: set[TopicPartition]) -> None:
-        self._rebalancing = True
-        self._drop_buffered(lambda held: held.tp in revoked)
-        deadline = time.monotonic() + REVOKE_DRAIN_S
-        await self._until(lambda: all(h.tp not in revoked for h in self._held.values()), deadline)
         if self._replies:  # answered, but the broker has not acknowledged every reply yet
             await asyncio.wait(set(self._replies), timeout=max(0.0, deadline - time.monotonic()))
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        self._state = self._state.revoking()
+        self._drop_buffered(lambda held: held.tp in revoked)
+        await self._until_answered(
+            lambda: all(h.tp not in revoked for h in self._held.values()),
+            time.monotonic() + REVOKE_DRAIN_S,
+        )
         if self._consumer is not None:
             await self._commit(self._consumer)
         for tp in revoked:
@@ -387,5 +378,5 @@ class KafkaPuller(Lifecycle):
     def _assigned(self, assigned: Sequence[TopicPartition]) -> None:
         for tp in assigned:
             self._partitions[tp] = _Partition()
-        self._rebalancing = False
+        self._state = self._state.assigned()
         log.info("assigned %s", sorted(tp.partition for tp in assigned))

@@ -1,11 +1,8 @@
-"""The shared queue between gateways and workers.
+"""The queue of one machine: gateway and workers are tasks of one event loop.
 
-Gateways ``put`` annotated jobs and await the returned future; workers
-``pull`` up to a token budget when they have capacity and ``complete`` each
-job with its result or error. Nothing pushes work at a worker. The
-in-process queue serves one machine; a Kafka queue spans many behind the
-same protocol, split in two: the gateway holds a ``JobSubmitter``, the worker a
-``JobPuller``; ``InProcessQueue`` is both.
+Per model, a heap ordered by urgency (earliest deadline first); a job's future
+is its entry in the waiters, so withdrawing a job is cancelling its future and
+the heaps drop it lazily when it reaches their head.
 """
 
 from __future__ import annotations
@@ -15,51 +12,10 @@ import functools
 import heapq
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
-from typing import Protocol
 
 from embedder.batching import take_within, urgency
-from embedder.errors import FlotillaError
 from embedder.jobs import EmbedJob, JobResult
-
-Outcome = JobResult | FlotillaError
-
-
-class JobSubmitter(Protocol):
-    """The gateway's half: hand a job in, await its outcome."""
-
-    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
-        """Enqueue a job; the future resolves with its result or raises its error.
-        Cancelling the future withdraws the job."""
-        ...
-
-    def depth(self) -> Counter[str]:
-        """Jobs waiting for an outcome, per model (waiting to be pulled, where the queue
-        can tell them apart from running ones)."""
-        ...
-
-
-class JobPuller(Protocol):
-    """The worker's half: take jobs when there is room, deliver each outcome."""
-
-    async def pull(
-        self, models: Collection[str], max_tokens: int, timeout_s: float
-    ) -> list[EmbedJob]:
-        """Take the most urgent jobs for ``models`` up to ``max_tokens`` (at least one
-        when any is waiting); wait up to ``timeout_s`` for the first."""
-        ...
-
-    async def complete(self, job_id: str, outcome: Outcome) -> None:
-        """Deliver a job's result or error to whoever waits for it."""
-        ...
-
-    def cancelled(self, job_ids: Iterable[str]) -> set[str]:
-        """The ids among ``job_ids`` nobody needs any more (the requester gave up, or,
-        for a distributed queue, the job was handed to another worker)."""
-        ...
-
-
-class WorkQueue(JobSubmitter, JobPuller, Protocol):
-    """Both halves in one object: the in-process queue of a single machine."""
+from embedder.queue.protocol import Outcome, resolve
 
 
 class InProcessQueue:
@@ -125,10 +81,7 @@ class InProcessQueue:
         future = self._waiters.pop(job_id, None)
         if future is None or future.done():
             return  # the requester gave up; nothing waits for this result
-        if isinstance(outcome, FlotillaError):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+        resolve(future, outcome)
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         return {job_id for job_id in job_ids if job_id not in self._waiters}

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from embedder.errors import NotReady
@@ -15,6 +16,7 @@ from embedder.errors import NotReady
 FETCH_MAX_WAIT_MS = 5
 # Requests and replies are worthless after their deadline; an hour leaves room to look.
 RETENTION_MS = 3_600_000
+DEFAULT_MAX_REQUEST_BYTES = 1_048_576  # aiokafka's own, for records that are always small
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,21 @@ def short_lived(max_message_bytes: int, retention_ms: int = RETENTION_MS) -> dic
         # Retention only removes closed segments; roll them as often as they expire.
         "segment.ms": str(retention_ms),
     }
+
+
+def producer(
+    bootstrap: str, max_message_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> AIOKafkaProducer:
+    """A producer that sends each record at once, acknowledged by the leader alone.
+
+    acks=1 and no idempotence: a request lost in a leader failover ends in a 504 the
+    client retries, and a duplicate only costs a forward pass (the reply is deduped),
+    both cheaper than waiting for replicas on every record. Make it inside the running
+    loop: aiokafka binds a client to the loop it is made in.
+    """
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks=1, linger_ms=0, max_request_size=max_message_bytes
+    )
 
 
 async def ensure_topics(bootstrap: str, topics: Mapping[str, TopicSpec]) -> None:

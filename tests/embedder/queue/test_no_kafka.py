@@ -1,0 +1,32 @@
+"""The queue of one machine needs no broker client: its gateway and workers import
+``embedder.queue`` and ``embedder.queue.inprocess`` without aiokafka, and so does the pure
+Kafka record format (checked in a fresh interpreter, since this test process may have
+imported aiokafka already)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gateway.test_no_torch import heavy_modules_after
+
+KAFKA = ("aiokafka",)
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ("embedder.queue", "embedder.queue.inprocess"),
+        # The one-machine gateway and worker, as `flotilla serve` wires them.
+        ("gateway.app", "gateway.service", "embedder.host", "embedder.worker"),
+        # The pure record format: its package must not drag the clients in.
+        ("embedder.queue.kafka", "embedder.queue.kafka.wire"),
+    ],
+)
+def test_these_imports_leave_aiokafka_out(modules: tuple[str, ...]) -> None:
+    assert heavy_modules_after(*modules, heavy=KAFKA) == []
+
+
+def test_the_probe_sees_aiokafka_when_it_is_imported() -> None:
+    """Guards the guard: the same probe reports aiokafka once a Kafka client is imported."""
+    loaded = heavy_modules_after("embedder.queue.kafka.submitter", heavy=KAFKA)
+    assert "aiokafka" in loaded
