@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster_calibrate import CostModel, fit_line, padded_tokens
-from bench.cluster_sim import (
+from bench.cluster.calibrate import CostModel, fit_line, padded_tokens
+from bench.cluster.engine import (
     POLICIES,
     PUSH,
     BatchLog,
@@ -188,7 +188,7 @@ def test_several_routers_serve_every_request_once(small: Workload, policy: str) 
 
 
 def test_gpu_like_numbers_say_they_are_hypothetical() -> None:
-    from bench.cluster_calibrate import FALLBACK, gpu_like
+    from bench.cluster.calibrate import FALLBACK, gpu_like
 
     cost = gpu_like(FALLBACK, per_token_divisor=100.0)
     assert cost.source == "hypothetical"

@@ -15,9 +15,9 @@ load balancer fed by periodic load reports sees its backends.
   worker since the poll that made the view began (a router counting its own
   assignments; it still cannot see completions until the next poll).
 
-These are ``bench.cluster_sim``'s push policies, run for real.
+These are the simulation's push policies, run for real.
 
-    python -m bench.router --worker URL --worker URL [--policy least] [--refresh-ms 50]
+    python -m bench.cluster.router --worker URL --worker URL [--policy least] [--refresh-ms 50]
         [--port 8090]
 """
 
@@ -279,7 +279,7 @@ def build_app(router: Router) -> web.Application:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.router", description="A top-down HTTP router (push baseline)."
+        prog="python -m bench.cluster.router", description="A top-down HTTP router (push baseline)."
     )
     parser.add_argument("--worker", action="append", required=True, help="a worker's base URL")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="least")

@@ -1,7 +1,7 @@
 """Push versus pull: a discrete-event simulation of a cluster of embedding workers.
 
 Each worker runs one batch at a time; a batch costs what the real runtime
-measured (``bench.cluster_calibrate``: fixed cost + per padded token) and is
+measured (``bench.cluster.calibrate``: fixed cost + per padded token) and is
 formed by the worker's own rule (``embedder.batching``): a model's group is
 flushed when it holds ``max_batch_tokens`` or ``max_batch_requests``, or when
 its oldest request has waited ``max_wait_ms``; the batch is the most urgent
@@ -45,7 +45,7 @@ where one free worker gathers a whole ``max_wait`` window of the cluster's
 arrivals (pull's p99 at low load is a little higher for it); the second lets a
 busy worker hold work that a free one could run, which is not modelled.
 
-    python -m bench.cluster_sim [--workers 8 16 32 64] [--staleness-ms 0 5 20 50 100 200]
+    python -m bench.cluster.engine [--workers 8 16 32 64] [--staleness-ms 0 5 20 50 100 200]
         [--workload small mixed bursty multimodel] [--p99-batches 2 4 | --p99-ms MS ...]
         [--routers 1] [--cost cpu | --cost gpu-like --gpu-speedup 100] [--quick]
 """
@@ -70,7 +70,7 @@ from typing import Any
 import numpy as np
 
 from bench import report
-from bench.cluster_calibrate import (
+from bench.cluster.calibrate import (
     GPU_FIXED_FACTOR,
     GPU_PER_TOKEN_DIVISOR,
     CostModel,
@@ -809,7 +809,7 @@ def ratios(best: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.cluster_sim",
+        prog="python -m bench.cluster.engine",
         description="Push versus pull: throughput at a p99 latency target, simulated.",
     )
     parser.add_argument("--workers", type=int, nargs="+", default=None, help="default 8 16 32 64")
@@ -834,7 +834,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=["cpu", "gpu-like"],
         default="cpu",
         help="cpu: the measured fit (bench/results/cluster_calibration.json, else the "
-        "built-in fallback); gpu-like: HYPOTHETICAL scaling of it (see bench.cluster_calibrate)",
+        "built-in fallback); gpu-like: HYPOTHETICAL scaling of it (see bench.cluster.calibrate)",
     )
     parser.add_argument(
         "--gpu-speedup",
@@ -890,21 +890,21 @@ def plan_from(args: argparse.Namespace) -> Plan:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import cluster_report
+    from bench.cluster import sim_report
 
     args = parse_args(argv)
     plan = plan_from(args)
     if plan.cost.source == "fallback":
         print(
-            "  (no bench/results/cluster_calibration.json: run python -m bench.cluster_calibrate)"
+            "  (no bench/results/cluster_calibration.json: run python -m bench.cluster.calibrate)"
         )
     data = run_plan(plan, args.jobs)
-    print(cluster_report.tables(data))
+    print(sim_report.tables(data))
     out_dir = args.out_dir or report.results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{args.out}.json"
-    path.write_text(cluster_report.json_text(data), encoding="utf-8")
-    written = [path, *cluster_report.plots(data, out_dir, args.out)]
+    path.write_text(sim_report.json_text(data), encoding="utf-8")
+    written = [path, *sim_report.plots(data, out_dir, args.out)]
     print(f"\n{data['elapsed_s']:.0f} s; wrote " + ", ".join(str(p) for p in written))
     return 0
 

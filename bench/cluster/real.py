@@ -4,7 +4,7 @@ The same worker code both ways (``ModelHost`` -> ``Worker``: pull what fits, for
 token-budgeted batch, run it), the same model, profile, threads and requests:
 
 - push: N ``flotilla serve`` processes (each its gateway, in-process queue and worker)
-  behind one ``bench.router`` process that assigns every request to a worker by a
+  behind one ``bench.cluster.router`` process that assigns every request to a worker by a
   policy on a view of their load refreshed every R ms (round-robin needs no view);
 - pull: ``flotilla gateway --kafka`` and N ``flotilla worker --kafka`` processes over a
   real Kafka broker: the gateway annotates and produces, the workers pull.
@@ -21,7 +21,7 @@ Everything shares this machine's cores: the clients, the router, the gateway, th
 broker and the workers. On a small machine the overhead processes take CPU the
 workers would otherwise get, and that is part of what is measured.
 
-    python -m bench.cluster_real [--workers 2] [--threads 1] [--concurrency 4,16,48]
+    python -m bench.cluster.real [--workers 2] [--threads 1] [--concurrency 4,16,48]
         [--duration-s 15] [--policies rr,least,least+own] [--refresh-ms 50]
         [--p99-ms MS] [--kafka BOOTSTRAP] [--fleet FILE] [--summarize JSON]
 """
@@ -46,8 +46,8 @@ import numpy as np
 import yaml
 
 from bench import report, served, texts
-from bench.processes import HOST, Child, Children, free_port, wait_until
-from bench.router import POLICIES, READS_VIEW
+from bench.cluster.processes import HOST, Child, Children, free_port, wait_until
+from bench.cluster.router import POLICIES, READS_VIEW
 
 UNLIMITED_TOKENS = 10_000_000  # admission control stays out of the comparison
 
@@ -187,7 +187,7 @@ async def start_router(
         *(["--refresh-ms", str(mode.refresh_ms)] if mode.refresh_ms else []),
         *(f"--worker={url}" for url in cluster.push_urls),
     ]  # fmt: skip
-    router = cluster.children.start(f"router-{label}", "bench.router", flags, port=port)
+    router = cluster.children.start(f"router-{label}", "bench.cluster.router", flags, port=port)
     await wait_until(
         lambda: _ok(session, f"{router.url}/router/ready"), cluster.children, "the router", 30
     )
@@ -402,7 +402,7 @@ def _policies(value: str) -> list[str]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.cluster_real",
+        prog="python -m bench.cluster.real",
         description="Push (a router over worker processes) versus pull (Kafka), for real.",
     )
     parser.add_argument("--workers", type=int, default=2, help="worker processes per side (2)")
@@ -453,21 +453,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench import cluster_real_report
+    from bench.cluster import real_report
 
     args = parse_args(argv)
     if args.summarize is not None:
         data = json.loads(args.summarize.read_text(encoding="utf-8"))
     else:
         data = run(args)
-    data["summary"] = cluster_real_report.summarize(data, args.p99_ms)
+    data["summary"] = real_report.summarize(data, args.p99_ms)
     print()
-    print(cluster_real_report.tables(data))
+    print(real_report.tables(data))
     out_dir = args.out_dir or report.results_dir()
     path = out_dir / f"{args.out}.json"
-    path.write_text(cluster_real_report.json_text(data), encoding="utf-8")
+    path.write_text(real_report.json_text(data), encoding="utf-8")
     png = out_dir / f"{args.out}.png"
-    cluster_real_report.plot(data, png)
+    real_report.plot(data, png)
     took = "" if args.summarize else f"{data['elapsed_s']:.0f} s; "
     print(f"\n{took}wrote {path} and {png}")
     return 0

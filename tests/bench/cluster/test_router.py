@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bench.router import (
+from bench.cluster.router import (
     POLICIES,
     Router,
     Routing,

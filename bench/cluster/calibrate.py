@@ -1,6 +1,6 @@
 """The cost model of the cluster simulation, measured on the real worker runtime.
 
-``python -m bench.cluster_calibrate`` loads the fleet's all-MiniLM-L6-v2 with the
+``python -m bench.cluster.calibrate`` loads the fleet's all-MiniLM-L6-v2 with the
 real torch runtime (cpu profile), times ``forward`` on batches of real text
 (``bench.texts``) of varying total tokens and sequence counts, and fits
 
@@ -10,7 +10,7 @@ by least squares, where ``padded_tokens`` counts what the runtime really runs:
 inputs sorted by length and cut into passes of at most ``forward_tokens``
 padded tokens (``micro_batches``). Capacity per batch is the profile's
 ``max_batch_tokens`` and ``max_batch_requests``. The fit goes to
-``bench/results/cluster_calibration.json``, which ``bench.cluster_sim`` reads.
+``bench/results/cluster_calibration.json``, which the simulation reads.
 
 Without that file the simulation uses ``FALLBACK``: the same fit, measured once
 on the machine named there. ``gpu_like`` scales a fit into GPU-like numbers
@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from bench import report
 
 MODEL = "all-minilm-l6-v2"
 RESULT = "cluster_calibration.json"
@@ -89,7 +91,7 @@ def padded_tokens(lengths: Sequence[int], max_tokens: int, max_sequences: int) -
     return total + count * width
 
 
-# Measured with `python -m bench.cluster_calibrate --threads 1 --clock cpu --dtype bfloat16`
+# Measured with `python -m bench.cluster.calibrate --threads 1 --clock cpu --dtype bfloat16`
 # on the build machine (AMD EPYC, 2 cores, avx512_bf16, torch 2.15, a busy shared host):
 # r² 0.988 over 32 batches of 1-404 inputs, worst relative error 21%.
 FALLBACK = CostModel(
@@ -106,7 +108,7 @@ FALLBACK = CostModel(
 
 
 def result_path() -> Path:
-    return Path(__file__).resolve().parent / "results" / RESULT
+    return report.RESULTS / RESULT
 
 
 def load_cost(path: Path | None = None) -> CostModel:
@@ -211,7 +213,7 @@ def measure(
     clock: str = "wall",
 ) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from bench import report, texts
+    from bench import texts
     from embedder.fleet import load_fleet
     from embedder.runtimes import Encoded, load_runtime
 
@@ -343,8 +345,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="wall time, or CPU time (robust on a busy machine; use with --threads 1)",
     )
     args = parser.parse_args(argv)
-    from bench import report
-
     data = measure(args.n_texts, args.reps, args.threads, args.seed, args.dtype, args.clock)
     path = report.write_json(RESULT, data)
     fit = data["fit"]
