@@ -1,5 +1,5 @@
 """The push-versus-pull study: ``flotilla bench cluster`` runs it simulated
-(``bench.cluster.engine``, the default) or with real processes on this machine
+(``bench.cluster.sim``, the default) or with real processes on this machine
 (``--real``: ``bench.cluster.real``).
 
 The entry imports its side only when called, so that importing the package costs
@@ -19,6 +19,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return real.main(args)
     if "-h" in args or "--help" in args:
         print("(--real: real processes instead, a router against Kafka; see --real --help)\n")
-    from bench.cluster import engine
+    from bench.cluster import sim
 
-    return engine.main(args)
+    return sim.main(args)

@@ -46,8 +46,9 @@ import numpy as np
 import yaml
 
 from bench import report, served, texts
+from bench.cluster.policies import VIEW_POLICIES
 from bench.cluster.processes import HOST, Child, Children, free_port, wait_until
-from bench.cluster.router import POLICIES, READS_VIEW
+from bench.cluster.router import POLICIES
 
 UNLIMITED_TOKENS = 10_000_000  # admission control stays out of the comparison
 
@@ -66,7 +67,7 @@ class Mode:
 def modes(policies: Sequence[str], refresh_ms: Sequence[float]) -> list[Mode]:
     out = [Mode("pull (Kafka)")]
     for policy in policies:
-        if policy in READS_VIEW:
+        if policy in VIEW_POLICIES:
             out += [Mode(f"push {policy} R={r:g}ms", policy, r) for r in refresh_ms]
         else:
             out.append(Mode(f"push {policy}", policy))

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.cluster.engine import POLICIES, VIEW_POLICIES
+from bench.cluster.policies import POLICIES, VIEW_POLICIES
 
 
 def _find(rows: list[dict[str, Any]], **wanted: object) -> dict[str, Any] | None:

@@ -10,17 +10,11 @@ from pathlib import Path
 import pytest
 
 from bench.cluster.calibrate import CostModel, fit_line, padded_tokens
-from bench.cluster.engine import (
-    POLICIES,
-    PUSH,
-    BatchLog,
-    Workload,
-    capacity,
-    main,
-    make_workload,
-    max_load,
-    simulate,
-)
+from bench.cluster.engine import BatchLog, simulate
+from bench.cluster.experiments import max_load
+from bench.cluster.policies import POLICIES, PUSH
+from bench.cluster.sim import main
+from bench.cluster.workloads import Workload, capacity, make_workload
 from embedder.batching import micro_batches
 
 COST = CostModel(
