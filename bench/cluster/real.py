@@ -21,6 +21,9 @@ Everything shares this machine's cores: the clients, the router, the gateway, th
 broker and the workers. On a small machine the overhead processes take CPU the
 workers would otherwise get, and that is part of what is measured.
 
+This module is the run and its command line: the stacks are ``real_stacks``'s, the
+measuring ``real_runs``'s, the ratios, tables and chart ``real_report``'s.
+
     python -m bench.cluster.real [--workers 2] [--threads 1] [--concurrency 4,16,48]
         [--duration-s 15] [--policies rr,least,least+own] [--refresh-ms 50]
         [--p99-ms MS] [--kafka BOOTSTRAP] [--fleet FILE] [--summarize JSON]
@@ -35,286 +38,19 @@ import json
 import os
 import tempfile
 import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import numpy as np
 import yaml
 
 from bench import report, served, texts
-from bench.cluster.policies import VIEW_POLICIES
-from bench.cluster.processes import HOST, Child, Children, free_port, wait_until
+from bench.cluster import real_report
+from bench.cluster.processes import Children
+from bench.cluster.real_runs import measure
+from bench.cluster.real_stacks import Cluster, start_pull, start_push
 from bench.cluster.router import POLICIES
-
-UNLIMITED_TOKENS = 10_000_000  # admission control stays out of the comparison
-
-
-@dataclass(frozen=True)
-class Mode:
-    name: str
-    policy: str | None = None  # None: pull
-    refresh_ms: float | None = None
-
-    @property
-    def side(self) -> str:
-        return "pull" if self.policy is None else "push"
-
-
-def modes(policies: Sequence[str], refresh_ms: Sequence[float]) -> list[Mode]:
-    out = [Mode("pull (Kafka)")]
-    for policy in policies:
-        if policy in VIEW_POLICIES:
-            out += [Mode(f"push {policy} R={r:g}ms", policy, r) for r in refresh_ms]
-        else:
-            out.append(Mode(f"push {policy}", policy))
-    return out
-
-
-@dataclass
-class Cluster:
-    children: Children
-    push: list[Child]
-    gateway: Child
-    pull: list[Child]
-    roles: dict[str, list[int]]  # pids of each role, for CPU accounting
-
-    @property
-    def push_urls(self) -> list[str]:
-        return [child.url for child in self.push]
-
-    @property
-    def gateway_url(self) -> str:
-        return self.gateway.url
-
-
-def start_push(args: argparse.Namespace, children: Children, data_dir: Path) -> list[Child]:
-    """N ``flotilla serve`` processes: gateway, in-process queue and worker in each."""
-    workers = []
-    for i in range(args.workers):
-        port = free_port()
-        flags = [
-            "serve", "--host", HOST, "--port", str(port), "--threads", str(args.threads),
-            "--data-dir", str(data_dir / f"push-{i}"), *_common(args),
-        ]  # fmt: skip
-        workers.append(children.start(f"push-worker-{i}", "flotilla", flags, port=port))
-    return workers
-
-
-def start_pull(
-    args: argparse.Namespace, children: Children, bootstrap: str
-) -> tuple[Child, list[Child]]:
-    """``flotilla gateway --kafka`` and N ``flotilla worker --kafka`` on fresh topics."""
-    tag = uuid.uuid4().hex[:8]
-    kafka = [
-        "--kafka", bootstrap, "--request-topic", f"bench-requests-{tag}",
-        "--request-partitions", str(args.partitions), "--worker-group", f"bench-workers-{tag}",
-        "--status-topic", f"bench-status-{tag}",
-    ]  # fmt: skip
-    port = free_port()
-    flags = [
-        "gateway", *kafka, "--host", HOST, "--port", str(port),
-        "--reply-topic-prefix", f"bench-replies-{tag}", "--gateway-id", "bench", *_common(args),
-    ]  # fmt: skip
-    gateway = children.start("pull-gateway", "flotilla", flags, port=port)
-    flags = ["worker", *kafka, "--threads", str(args.threads), *_common(args)]
-    workers = []
-    for i in range(args.workers):
-        port = free_port()  # the worker's own /metrics: its batch sizes
-        workers.append(
-            children.start(f"pull-worker-{i}", "flotilla", [*flags, "--worker-port", str(port)],
-                           port=port)
-        )  # fmt: skip
-    return gateway, workers
-
-
-def _common(args: argparse.Namespace) -> list[str]:
-    return [
-        "--device", "cpu", "--log-level", "warning",
-        "--max-inflight-tokens", str(UNLIMITED_TOKENS),
-        "--request-timeout-s", str(args.request_timeout_s),
-        *(["--fleet", str(args.fleet)] if args.fleet else []),
-    ]  # fmt: skip
-
-
-async def _json(session: aiohttp.ClientSession, url: str) -> Any:
-    async with session.get(url) as response:
-        response.raise_for_status()
-        return await response.json()
-
-
-async def wait_ready(session: aiohttp.ClientSession, cluster: Cluster, timeout_s: float) -> None:
-    async def push_ready() -> bool:
-        for url in cluster.push_urls:
-            async with session.get(f"{url}/ready") as response:
-                if response.status != 200:
-                    return False
-        return True
-
-    async def pull_ready() -> bool:
-        model = (await _json(session, f"{cluster.gateway_url}/v1/models"))["data"][0]
-        return bool(model["state"] == "ready" and model["workers"] == len(cluster.pull))
-
-    took = await wait_until(push_ready, cluster.children, "the push workers", timeout_s)
-    print(f"  push workers ready after {took:.1f} s")
-    took = await wait_until(pull_ready, cluster.children, "the pull gateway and workers", timeout_s)
-    print(f"  pull gateway and workers ready {took:.1f} s later")
-
-
-async def embed(session: aiohttp.ClientSession, url: str, body: bytes) -> Any:
-    async with session.post(
-        f"{url}/v1/embeddings", data=body, headers={"content-type": "application/json"}
-    ) as response:
-        response.raise_for_status()
-        data = await response.json()
-    vectors = np.asarray([item["embedding"] for item in data["data"]], dtype=np.float32)
-    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
-
-def cpu_seconds(roles: dict[str, list[int]]) -> dict[str, float]:
-    return {role: sum(report.process_cpu_s(pid) for pid in pids) for role, pids in roles.items()}
-
-
-async def start_router(
-    session: aiohttp.ClientSession, cluster: Cluster, mode: Mode, label: str, seed: int
-) -> Child:
-    assert mode.policy is not None
-    port = free_port()
-    flags = [
-        "--port", str(port), "--policy", mode.policy, "--seed", str(seed),
-        *(["--refresh-ms", str(mode.refresh_ms)] if mode.refresh_ms else []),
-        *(f"--worker={url}" for url in cluster.push_urls),
-    ]  # fmt: skip
-    router = cluster.children.start(f"router-{label}", "bench.cluster.router", flags, port=port)
-    await wait_until(
-        lambda: _ok(session, f"{router.url}/router/ready"), cluster.children, "the router", 30
-    )
-    return router
-
-
-async def run_mode(
-    session: aiohttp.ClientSession,
-    cluster: Cluster,
-    mode: Mode,
-    concurrency: int,
-    plan: served.Plan,
-    args: argparse.Namespace,
-    offset: int,
-) -> dict[str, Any]:
-    """One mode at one level: start its router (push), run the clients, account."""
-    roles = dict(cluster.roles)
-    router: Child | None = None
-    url = cluster.gateway_url
-    if mode.policy is not None:
-        label = f"{mode.policy}-{mode.refresh_ms or 0:g}ms-c{concurrency}"
-        router = await start_router(session, cluster, mode, label, args.seed)
-        url = router.url
-        roles["router"] = [router.pid]
-    if args.wait_quiet_s > 0:
-        await asyncio.to_thread(report.wait_for_quiet, args.wait_quiet_s)
-    level = served.Level(concurrency=concurrency)
-    before_cpu = cpu_seconds(roles)
-    meter = report.CpuMeter(
-        [pid for role, pids in roles.items() if role != "client" for pid in pids]
-    )
-    counted = cluster.push if router else cluster.pull
-    before = await _batches(session, counted)
-    await served.run_level(
-        session, f"{url}/v1/embeddings", plan, level, args.duration_s, args.max_requests, offset
-    )
-    level.cpu = meter.result()
-    after_cpu = cpu_seconds(roles)
-    cluster.children.check()
-    after = await _batches(session, counted)
-    level.batches, level.batch_requests, level.batch_tokens = (
-        a - b for a, b in zip(after, before, strict=True)
-    )
-    result = level.summary(0.0)
-    del result["share_of_engine_ceiling"]
-    result["cores"] = {
-        role: (after_cpu[role] - before_cpu[role]) / level.elapsed_s for role in roles
-    }
-    result["router"] = None
-    if router is not None:
-        result["router"] = await _json(session, f"{url}/router/stats")
-        router.stop()
-    return {"mode": mode.name, "side": mode.side, "policy": mode.policy,
-            "refresh_ms": mode.refresh_ms, **result}  # fmt: skip
-
-
-async def _ok(session: aiohttp.ClientSession, url: str) -> bool:
-    async with session.get(url) as response:
-        return response.status == 200
-
-
-async def _batches(
-    session: aiohttp.ClientSession, workers: Sequence[Child]
-) -> tuple[float, float, float]:
-    """Batches, requests and tokens the workers ran so far, from their /metrics."""
-    totals = [await served.batch_counters(session, child.port or 0) for child in workers]
-    return (
-        sum(t[0] for t in totals),
-        sum(t[1] for t in totals),
-        sum(t[2] for t in totals),
-    )
-
-
-def _line(run: dict[str, Any]) -> str:
-    lat = run["latency_ms"]
-    return (
-        f"  c={run['concurrency']:>3} {run['mode']:<26} {run['ok']:>5} ok "
-        f"{run['tokens_per_s']:>8,.0f} tok/s  p50 {lat['p50']:>6,.0f} ms  "
-        f"p99 {lat['p99']:>6,.0f} ms  errors {sum(run['errors'].values())}"
-    )
-
-
-async def check_and_warm(
-    session: aiohttp.ClientSession, cluster: Cluster, plan: served.Plan, args: argparse.Namespace
-) -> float:
-    """The same request both ways (the worst cosine of its vectors), then a short load
-    on each side so no measured run pays for first batches or Kafka metadata."""
-    body = plan.bodies[0]
-    push_vectors = await embed(session, cluster.push_urls[0], body)
-    pull_vectors = await embed(session, cluster.gateway_url, body)
-    cosine = float((push_vectors * pull_vectors).sum(axis=1).min())
-    print(f"  the same request both ways: worst cosine {cosine:.6f}")
-    warm_ups = [(url, 2) for url in cluster.push_urls] + [(cluster.gateway_url, 2 * args.workers)]
-    for url, clients in warm_ups:
-        level = served.Level(clients)
-        await served.run_level(
-            session, f"{url}/v1/embeddings", plan, level, args.warmup_s, args.max_requests, 0
-        )
-    return cosine
-
-
-async def measure(
-    cluster: Cluster, plan: served.Plan, model: str, args: argparse.Namespace
-) -> dict[str, Any]:
-    timeout = aiohttp.ClientTimeout(total=args.request_timeout_s + 10)
-    connector = aiohttp.TCPConnector(limit=0)
-    all_modes = modes(args.policies, args.refresh_ms)
-    runs: list[dict[str, Any]] = []
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        await wait_ready(session, cluster, args.ready_timeout_s)
-        # Both paths must give the same answer before their speed means anything.
-        cosine = await check_and_warm(session, cluster, plan, args)
-        for i, concurrency in enumerate(args.concurrency):
-            # Each level its own stretch of the requests; every mode at a level the same.
-            offset = (i * 1009) % len(plan.bodies)
-            for j in range(len(all_modes)):
-                mode = all_modes[(i + j) % len(all_modes)]
-                run = await run_mode(session, cluster, mode, concurrency, plan, args, offset)
-                runs.append(run)
-                print(_line(run), flush=True)
-    return {
-        "model": model,
-        "cosine_push_vs_pull": cosine,
-        "modes": [m.name for m in all_modes],
-        "runs": runs,
-    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -454,8 +190,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from bench.cluster import real_report
-
     args = parse_args(argv)
     if args.summarize is not None:
         data = json.loads(args.summarize.read_text(encoding="utf-8"))
