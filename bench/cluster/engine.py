@@ -1,7 +1,7 @@
 """Push versus pull: a discrete-event simulation of a cluster of embedding workers.
 
 Each worker runs one batch at a time; a batch costs what the real runtime
-measured (``bench.cluster.calibrate``: fixed cost + per padded token) and is
+measured (``bench.cluster.cost_model``: fixed cost + per padded token) and is
 formed by the worker's own rule (``embedder.batching``): a model's group is
 flushed when it holds ``max_batch_tokens`` or ``max_batch_requests``, or when
 its oldest request has waited ``max_wait_ms``; the batch is the most urgent
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.cluster.calibrate import CostModel, padded_tokens
+from bench.cluster.cost_model import CostModel, padded_tokens
 from bench.cluster.policies import POLICIES, VIEW_POLICIES, SimRouter
 from bench.cluster.workloads import SEED, Capacity, Workload, capacity, fill
 

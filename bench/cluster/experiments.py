@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bench import report
-from bench.cluster.calibrate import CostModel
+from bench.cluster.cost_model import CostModel
 from bench.cluster.engine import SimResult, simulate
 from bench.cluster.policies import POLICIES, VIEW_POLICIES
 from bench.cluster.workloads import SEED, Capacity, Workload, capacity, make_workload

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench import report
 from bench.cluster import sim_report
-from bench.cluster.calibrate import GPU_FIXED_FACTOR, GPU_PER_TOKEN_DIVISOR, gpu_like, load_cost
+from bench.cluster.cost_model import GPU_FIXED_FACTOR, GPU_PER_TOKEN_DIVISOR, gpu_like, load_cost
 from bench.cluster.experiments import Plan, run_plan
 from bench.cluster.policies import PUSH
 from bench.cluster.workloads import SEED, WORKLOADS
@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=["cpu", "gpu-like"],
         default="cpu",
         help="cpu: the measured fit (bench/results/cluster_calibration.json, else the "
-        "built-in fallback); gpu-like: HYPOTHETICAL scaling of it (see bench.cluster.calibrate)",
+        "built-in fallback); gpu-like: HYPOTHETICAL scaling of it (see bench.cluster.cost_model)",
     )
     parser.add_argument(
         "--gpu-speedup",

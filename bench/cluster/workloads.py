@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.cluster.calibrate import CostModel
+from bench.cluster.cost_model import CostModel
 
 WORKLOADS = ("small", "mixed", "bursty", "multimodel")
 MODEL_MAX_TOKENS = 256  # all-MiniLM-L6-v2 truncates inputs here

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster.calibrate import CostModel, fit_line, padded_tokens
+from bench.cluster.calibrate import fit_line
+from bench.cluster.cost_model import CostModel, padded_tokens
 from bench.cluster.engine import BatchLog, simulate
 from bench.cluster.experiments import max_load
 from bench.cluster.policies import POLICIES, PUSH
@@ -182,7 +183,7 @@ def test_several_routers_serve_every_request_once(small: Workload, policy: str) 
 
 
 def test_gpu_like_numbers_say_they_are_hypothetical() -> None:
-    from bench.cluster.calibrate import FALLBACK, gpu_like
+    from bench.cluster.cost_model import FALLBACK, gpu_like
 
     cost = gpu_like(FALLBACK, per_token_divisor=100.0)
     assert cost.source == "hypothetical"
