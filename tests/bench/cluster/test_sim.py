@@ -9,18 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.cluster_calibrate import CostModel, fit_line, padded_tokens
-from bench.cluster_sim import (
-    POLICIES,
-    PUSH,
-    BatchLog,
-    Workload,
-    capacity,
-    main,
-    make_workload,
-    max_load,
-    simulate,
-)
+from bench.cluster.calibrate import fit_line
+from bench.cluster.cost_model import CostModel, padded_tokens
+from bench.cluster.engine import BatchLog, simulate
+from bench.cluster.experiments import max_load
+from bench.cluster.policies import POLICIES, PUSH
+from bench.cluster.sim import main
+from bench.cluster.workloads import Workload, capacity, make_workload
 from embedder.batching import micro_batches
 
 COST = CostModel(
@@ -188,7 +183,7 @@ def test_several_routers_serve_every_request_once(small: Workload, policy: str) 
 
 
 def test_gpu_like_numbers_say_they_are_hypothetical() -> None:
-    from bench.cluster_calibrate import FALLBACK, gpu_like
+    from bench.cluster.cost_model import FALLBACK, gpu_like
 
     cost = gpu_like(FALLBACK, per_token_divisor=100.0)
     assert cost.source == "hypothetical"

@@ -15,17 +15,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from bench.router import (
-    POLICIES,
-    Router,
+from bench.cluster.policies import (
     Routing,
-    build_app,
     least_loaded,
     least_with_own,
-    outstanding_tokens,
     power_of_two,
     round_robin,
 )
+from bench.cluster.router import POLICIES, Router, build_app, outstanding_tokens
 
 METRICS = """\
 # HELP flotilla_inflight_tokens Estimated tokens admitted.

@@ -1,4 +1,4 @@
-"""Tables, plots and JSON for ``bench.cluster_sim``'s results (a dict, as written)."""
+"""Tables, plots and JSON for the simulation's results (a dict, as written)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.cluster_sim import POLICIES, VIEW_POLICIES
+from bench.cluster.policies import POLICIES, VIEW_POLICIES
 
 
 def _find(rows: list[dict[str, Any]], **wanted: object) -> dict[str, Any] | None:

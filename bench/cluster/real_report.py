@@ -1,4 +1,4 @@
-"""Ratios, tables and the chart for ``bench.cluster_real``'s results (a dict, as written)."""
+"""Ratios, tables and the chart for ``bench.cluster.real``'s results (a dict, as written)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.cluster_report import json_text
+from bench.cluster.sim_report import json_text
 
 __all__ = ["json_text", "plot", "summarize", "tables"]
 

@@ -1,23 +1,15 @@
 """The push baseline: a top-down HTTP router in front of worker processes.
 
 Each request is assigned to one worker by a policy and forwarded there as it came
-(body untouched, the worker's answer passed back). The policies read a *view* of
-the workers' load: every worker's outstanding tokens (the gateway's
-``flotilla_inflight_tokens``: admitted and not yet answered, so queued plus
-running), polled from its ``/metrics`` every R ms and stale in between, the way a
-load balancer fed by periodic load reports sees its backends.
+(body untouched, the worker's answer passed back). The policies
+(``bench.cluster.policies``: ``rr``, ``least``, ``p2c``, ``least+own``, the
+simulation's push policies run for real) read a *view* of the workers' load: every
+worker's outstanding tokens (the gateway's ``flotilla_inflight_tokens``: admitted
+and not yet answered, so queued plus running), polled from its ``/metrics`` every R
+ms and stale in between, the way a load balancer fed by periodic load reports sees
+its backends. ``rr`` reads no view, so the router polls nothing for it.
 
-- ``rr``: request k to worker k mod n; reads no view (and polls nothing).
-- ``least``: the worker with the least outstanding tokens in the view, ties at random.
-- ``p2c``: the lesser-loaded of two distinct random workers in the view (with two
-  workers that is always both, i.e. ``least``).
-- ``least+own``: ``least`` on the view plus the tokens this router itself sent each
-  worker since the poll that made the view began (a router counting its own
-  assignments; it still cannot see completions until the next poll).
-
-These are ``bench.cluster_sim``'s push policies, run for real.
-
-    python -m bench.router --worker URL --worker URL [--policy least] [--refresh-ms 50]
+    python -m bench.cluster.router --worker URL --worker URL [--policy least] [--refresh-ms 50]
         [--port 8090]
 """
 
@@ -29,13 +21,22 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from bench.cluster.policies import (
+    VIEW_POLICIES,
+    Policy,
+    Routing,
+    least_loaded,
+    least_with_own,
+    power_of_two,
+    round_robin,
+)
 from embedder.lifecycle import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -48,50 +49,13 @@ RESPONSE_HEADERS = (
     "x-inference-time", "x-total-time", "x-prompt-tokens",
 )  # fmt: skip
 POLL_TIMEOUT_S = 2.0
-
-
-@dataclass
-class Routing:
-    """What a policy may read when it places one request."""
-
-    workers: int
-    view: list[float]  # outstanding tokens per worker at the last poll
-    sent_since_view: list[int]  # tokens this router sent each worker since that poll began
-    turn: int = 0  # requests placed so far
-
-
-def _least(loads: Sequence[float], rng: random.Random) -> int:
-    low = min(loads)
-    return rng.choice([i for i, load in enumerate(loads) if load == low])
-
-
-def round_robin(r: Routing, rng: random.Random) -> int:
-    return r.turn % r.workers
-
-
-def least_loaded(r: Routing, rng: random.Random) -> int:
-    return _least(r.view, rng)
-
-
-def power_of_two(r: Routing, rng: random.Random) -> int:
-    if r.workers < 2:
-        return 0
-    a, b = rng.sample(range(r.workers), 2)
-    return (a, b)[_least([r.view[a], r.view[b]], rng)]
-
-
-def least_with_own(r: Routing, rng: random.Random) -> int:
-    return _least([v + s for v, s in zip(r.view, r.sent_since_view, strict=True)], rng)
-
-
-Policy = Callable[[Routing, random.Random], int]
+# What --policy takes: the pickers of bench.cluster.policies.
 POLICIES: dict[str, Policy] = {
     "rr": round_robin,
     "least": least_loaded,
     "p2c": power_of_two,
     "least+own": least_with_own,
 }
-READS_VIEW = frozenset({"least", "p2c", "least+own"})
 
 
 def outstanding_tokens(metrics_text: str) -> float:
@@ -157,7 +121,7 @@ class Router:
 
     @property
     def polls(self) -> bool:
-        return self.policy_name in READS_VIEW
+        return self.policy_name in VIEW_POLICIES
 
     @property
     def ready(self) -> bool:
@@ -279,7 +243,7 @@ def build_app(router: Router) -> web.Application:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.router", description="A top-down HTTP router (push baseline)."
+        prog="python -m bench.cluster.router", description="A top-down HTTP router (push baseline)."
     )
     parser.add_argument("--worker", action="append", required=True, help="a worker's base URL")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="least")

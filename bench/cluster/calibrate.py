@@ -1,22 +1,16 @@
 """The cost model of the cluster simulation, measured on the real worker runtime.
 
-``python -m bench.cluster_calibrate`` loads the fleet's all-MiniLM-L6-v2 with the
+``python -m bench.cluster.calibrate`` loads the fleet's all-MiniLM-L6-v2 with the
 real torch runtime (cpu profile), times ``forward`` on batches of real text
 (``bench.texts``) of varying total tokens and sequence counts, and fits
+``bench.cluster.cost_model``'s line
 
     batch_s = fixed_s + per_token_s * padded_tokens
 
-by least squares, where ``padded_tokens`` counts what the runtime really runs:
-inputs sorted by length and cut into passes of at most ``forward_tokens``
-padded tokens (``micro_batches``). Capacity per batch is the profile's
-``max_batch_tokens`` and ``max_batch_requests``. The fit goes to
-``bench/results/cluster_calibration.json``, which ``bench.cluster_sim`` reads.
+by least squares. The fit goes to ``bench/results/cluster_calibration.json``,
+which the simulation reads (``cost_model.load_cost``).
 
-Without that file the simulation uses ``FALLBACK``: the same fit, measured once
-on the machine named there. ``gpu_like`` scales a fit into GPU-like numbers
-with the fleet's cuda profile; those are HYPOTHETICAL, not measured.
-
-This module imports torch only inside ``measure``: the simulation stays torch-free.
+This module imports torch only inside ``measure``: its fit is testable without it.
 """
 
 from __future__ import annotations
@@ -28,13 +22,13 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
-MODEL = "all-minilm-l6-v2"
-RESULT = "cluster_calibration.json"
-# Per-request deadline in the simulation is far away: batching is EDF across models.
+from bench import report
+from bench.cluster.cost_model import MODEL, RESULT, load_cost, padded_tokens
+
+# Batch sizes to time, in tokens: from one short input to a full cpu batch (8192).
 TARGET_TOKENS = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
 # wall: elapsed time. cpu: the process's CPU time, which a busy shared machine does not
 # inflate as long as the runtime has one thread (more threads spin-wait for each other).
@@ -45,120 +39,6 @@ KINDS: dict[str, tuple[int, int]] = {  # tokens per input, [CLS] and [SEP] inclu
     "long": (129, 256),
     "mixed": (1, 256),
 }
-# GPU-like numbers (HYPOTHETICAL): the per-token cost divided by this, the fixed
-# per-batch cost (Python, kernel launches, copies) kept; the cuda profile's budgets.
-GPU_PER_TOKEN_DIVISOR = 100.0
-GPU_FIXED_FACTOR = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class CostModel:
-    """What one worker's batch costs, and the batching limits it runs under."""
-
-    label: str
-    source: str  # "measured" | "fallback" | "hypothetical"
-    fixed_s: float
-    per_token_s: float
-    max_batch_tokens: int
-    max_batch_requests: int
-    max_wait_s: float
-    forward_tokens: int
-    forward_max_sequences: int
-
-    def batch_s(self, lengths: Sequence[int]) -> float:
-        return self.fixed_s + self.per_token_s * padded_tokens(
-            lengths, self.forward_tokens, self.forward_max_sequences
-        )
-
-    def full_batch_s(self) -> float:
-        """A batch of ``max_batch_tokens`` with no padding: the cost-model's time unit."""
-        return self.fixed_s + self.per_token_s * self.max_batch_tokens
-
-
-def padded_tokens(lengths: Sequence[int], max_tokens: int, max_sequences: int) -> int:
-    """Tokens the runtime runs for inputs of these lengths, padding included: the
-    ``micro_batches`` rule (sorted ascending; a pass ends when one more input at the
-    current width would exceed ``max_tokens`` or the pass holds ``max_sequences``)."""
-    total = count = width = 0
-    for n in sorted(lengths):
-        if count and ((count + 1) * n > max_tokens or count >= max_sequences):
-            total += count * width
-            count = 0
-        count += 1
-        width = n
-    return total + count * width
-
-
-# Measured with `python -m bench.cluster_calibrate --threads 1 --clock cpu --dtype bfloat16`
-# on the build machine (AMD EPYC, 2 cores, avx512_bf16, torch 2.15, a busy shared host):
-# r² 0.988 over 32 batches of 1-404 inputs, worst relative error 21%.
-FALLBACK = CostModel(
-    label="cpu fallback (fit measured on a 2-core AMD EPYC: 1 thread, bf16 autocast, cpu clock)",
-    source="fallback",
-    fixed_s=0.00669,
-    per_token_s=0.0001586,
-    max_batch_tokens=8192,
-    max_batch_requests=64,
-    max_wait_s=0.002,
-    forward_tokens=2048,
-    forward_max_sequences=64,
-)
-
-
-def result_path() -> Path:
-    return Path(__file__).resolve().parent / "results" / RESULT
-
-
-def load_cost(path: Path | None = None) -> CostModel:
-    """The measured fit from ``path`` (default: the calibration result), else FALLBACK."""
-    path = path or result_path()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        fit, profile = data["fit"], data["profile"]
-        return CostModel(
-            label=f"cpu measured ({data['machine'].get('cpu', '?')}, "
-            f"{data['machine'].get('threads', '?')} threads, {data['dtype']}, "
-            f"{data['args'].get('clock', 'wall')} clock)",
-            source="measured",
-            fixed_s=float(fit["fixed_s"]),
-            per_token_s=float(fit["per_token_s"]),
-            max_batch_tokens=int(profile["max_batch_tokens"]),
-            max_batch_requests=int(profile["max_batch_requests"]),
-            max_wait_s=float(profile["max_wait_ms"]) / 1e3,
-            forward_tokens=int(profile["forward_tokens"]),
-            forward_max_sequences=int(profile["forward_max_sequences"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return FALLBACK
-
-
-def gpu_like(
-    base: CostModel,
-    per_token_divisor: float = GPU_PER_TOKEN_DIVISOR,
-    fixed_factor: float = GPU_FIXED_FACTOR,
-) -> CostModel:
-    """HYPOTHETICAL GPU-like numbers: ``base`` scaled, with the fleet's cuda budgets.
-    Not measured: a GPU runs tokens ~100x faster, while the per-batch fixed cost
-    (Python, tokenizer hand-off, kernel launches) stays of the same order."""
-    from embedder.fleet import load_fleet
-
-    cuda = load_fleet().get(MODEL).profile("cuda")
-    return replace(
-        base,
-        label=f"gpu-like HYPOTHETICAL (per-token cost / {per_token_divisor:g}, fixed cost x "
-        f"{fixed_factor:g}, cuda profile budgets; from {base.source} cpu fit)",
-        source="hypothetical",
-        fixed_s=base.fixed_s * fixed_factor,
-        per_token_s=base.per_token_s / per_token_divisor,
-        max_batch_tokens=cuda.max_batch_tokens,
-        max_batch_requests=cuda.max_batch_requests,
-        max_wait_s=cuda.max_wait_ms / 1e3,
-        forward_tokens=cuda.forward_tokens,
-        forward_max_sequences=cuda.forward_max_sequences,
-    )
-
-
-# -- measuring ---------------------------------------------------------------
 
 
 def fit_line(
@@ -211,7 +91,7 @@ def measure(
     clock: str = "wall",
 ) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from bench import report, texts
+    from bench import texts
     from embedder.fleet import load_fleet
     from embedder.runtimes import Encoded, load_runtime
 
@@ -325,7 +205,10 @@ def _passes(lengths: Sequence[int], max_tokens: int, max_sequences: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.cluster.calibrate",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
     parser.add_argument("--n-texts", type=int, default=1500)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
@@ -343,8 +226,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="wall time, or CPU time (robust on a busy machine; use with --threads 1)",
     )
     args = parser.parse_args(argv)
-    from bench import report
-
     data = measure(args.n_texts, args.reps, args.threads, args.seed, args.dtype, args.clock)
     path = report.write_json(RESULT, data)
     fit = data["fit"]

@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-from bench import cluster, cluster_real, cluster_real_report, cluster_sim
+from bench import cluster
+from bench.cluster import real as cluster_real
+from bench.cluster import real_report as cluster_real_report
+from bench.cluster import sim as cluster_sim
 from tests.gateway.conftest import hub_offline
 from tests.kafka.broker import KafkaBroker
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file

@@ -1,0 +1,24 @@
+"""The push-versus-pull study: ``flotilla bench cluster`` runs it simulated
+(``bench.cluster.sim``, the default) or with real processes on this machine
+(``--real``: ``bench.cluster.real``).
+
+The entry imports its side only when called, so that importing the package costs
+nothing and the simulation never loads the real run's HTTP and Kafka stack."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(argv or [])
+    if "--real" in args:
+        args.remove("--real")
+        from bench.cluster import real
+
+        return real.main(args)
+    if "-h" in args or "--help" in args:
+        print("(--real: real processes instead, a router against Kafka; see --real --help)\n")
+    from bench.cluster import sim
+
+    return sim.main(args)
