@@ -4,9 +4,11 @@ variables, which override defaults."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
+import os
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,6 +25,28 @@ from lora.config import Prices, TrainConfig
 from lora.cost import GPU_PRICE_FIELDS
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
+
+# Rich sizes help and errors to the terminal, or to COLUMNS or TERMINAL_WIDTH; with none
+# of them (CI logs, output of a process without a terminal) it takes 80 columns, where the
+# option columns leave the descriptions a few words per line. Such logs are read wider.
+WIDTH_WITHOUT_TERMINAL = 120
+
+
+@app.callback()
+def _width_without_terminal() -> None:
+    """Runs before any subcommand parses its arguments, so before its --help prints."""
+    if os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
+        return
+    for stream in (0, 1, 2):  # the streams Rich asks for a terminal size
+        with contextlib.suppress(OSError):
+            os.get_terminal_size(stream)
+            return
+    import typer.rich_utils
+
+    # What TERMINAL_WIDTH would set; Typer's console reads it at every help or error, for
+    # the rest of this process (one command).
+    typer.rich_utils.MAX_WIDTH = WIDTH_WITHOUT_TERMINAL
+
 
 # -- which settings each command reads ---------------------------------------------------
 # A command's --help shows the settings its code path reads, no others. These are the

@@ -1,12 +1,14 @@
 """Settings per command: each command's --help lists the settings its code path reads, in
 the panels of flotilla.settings.GROUPS, and no others; every setting stays a flag and an
 environment variable of every command, a flag over the variable; help reads at 80
-columns."""
+columns and, without a terminal, at 120."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import typing
 from collections.abc import Coroutine
 from pathlib import Path
@@ -390,3 +392,29 @@ def test_help_fits_80_columns_without_cutting_a_name(
     assert "…" not in output  # Rich cuts a name it cannot fit, and marks it
     listed = rows(output)
     assert {flag(name) for name in READS.get(command, ())} <= set(listed)
+
+
+def help_in_a_process(env: dict[str, str]) -> str:
+    """`flotilla serve --help` from a process without a terminal, as CI runs it."""
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"COLUMNS", "TERMINAL_WIDTH", "FORCE_COLOR", "PY_COLORS", "GITHUB_ACTIONS"}
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "flotilla", "serve", "--help"],
+        env=environ | env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return done.stdout
+
+
+@pytest.mark.parametrize(("env", "width"), [({}, 120), ({"COLUMNS": "100"}, 100)])
+def test_help_without_a_terminal_is_wide_unless_told(env: dict[str, str], width: int) -> None:
+    lines = help_in_a_process(env).splitlines()
+    assert max(len(line) for line in lines) == width
+    assert any(line.startswith("│ --max-inputs-per-request ") for line in lines)
