@@ -1,24 +1,88 @@
-"""The ``flotilla`` command. Every Settings field is also a flag of the commands that
-take settings; flags override environment variables, which override defaults."""
+"""The ``flotilla`` command. Each command takes the settings its code path reads as
+flags, shown in the panels of ``flotilla.settings.GROUPS``; flags override environment
+variables, which override defaults."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
+import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from embedder.fleet import FleetError
-from flotilla.settings import LoraSettings, Settings
+from flotilla.settings import GROUPS, LoraSettings, Settings
 from flotilla.signals import exit_cleanly_until_running
+from lora.config import Prices, TrainConfig
+from lora.cost import GPU_PRICE_FIELDS
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
+
+# Rich sizes help and errors to the terminal, or to COLUMNS or TERMINAL_WIDTH; with none
+# of them (CI logs, output of a process without a terminal) it takes 80 columns, where the
+# option columns leave the descriptions a few words per line. Such logs are read wider.
+WIDTH_WITHOUT_TERMINAL = 120
+
+
+@app.callback()
+def _width_without_terminal() -> None:
+    """Runs before any subcommand parses its arguments, so before its --help prints."""
+    if os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
+        return
+    for stream in (0, 1, 2):  # the streams Rich asks for a terminal size
+        with contextlib.suppress(OSError):
+            os.get_terminal_size(stream)
+            return
+    import typer.rich_utils
+
+    # What TERMINAL_WIDTH would set; Typer's console reads it at every help or error, for
+    # the rest of this process (one command).
+    typer.rich_utils.MAX_WIDTH = WIDTH_WITHOUT_TERMINAL
+
+
+# -- which settings each command reads ---------------------------------------------------
+# A command's --help shows the settings its code path reads, no others. These are the
+# pieces of wiring the commands share, each as the settings it reads; a change to what
+# the wiring reads (flotilla/serve.py, distributed.py, ingest.py, evaluate.py, lora.py,
+# gateway/service.py) belongs here too.
+
+# load_fleet(...).with_model_cache(...), and a ModelHost's device and threads.
+MODELS = frozenset({"fleet", "model_cache_dir", "device", "threads"})
+# Settings.adapters_root: where registered adapters are found, or registered.
+ADAPTERS = frozenset({"adapters_dir", "data_dir"})
+# request_limits(): requests are decoded, and cut or refused, where the models run.
+DECODING = frozenset({"max_inputs_per_request", "auto_truncate"})
+# gateway.app and its uvicorn: authorization, body and deadline limits, admission, the
+# token estimate, and model:adapter names resolved against the fleet and the adapters.
+HTTP_API = ADAPTERS | {
+    "host",
+    "port",
+    "log_level",
+    "fleet",
+    "api_keys",
+    "request_timeout_s",
+    "max_body_bytes",
+    "max_inflight_tokens",
+    "bytes_per_token",
+}
+# configured_store(): the embedded store under data_dir, or a Qdrant server.
+STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})
+# An IngestCore: record_rules() and its QueueEmbedder.
+RECORDS = frozenset({"collection", "ingest_max_text_bytes", "bytes_per_token", "auto_truncate"})
+# A KafkaSource (ingest_max_records also sizes the chunks of `ingest --from`).
+KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records"})
+# Both halves of the Kafka work queue and the worker heartbeats.
+WORK_QUEUE = frozenset(
+    {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}
+)
 
 
 def _flag_type(annotation: Any) -> Any:
@@ -33,11 +97,40 @@ def _flag_type(annotation: Any) -> Any:
     return str  # Literal and friends
 
 
+def _shown_default(field: FieldInfo) -> Any:
+    """A field's default as the flag's, for --help to show: a list as its comma-separated
+    value, None when there is nothing to show (unset means what the description says)."""
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, list):
+        return ",".join(map(str, default)) or None
+    return default
+
+
+def _on_command_line(ctx: typer.Context, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
+ENVIRONMENT_NOTE = "Settings are also FLOTILLA_<NAME> environment variables; a flag wins."
+
+
 def settings_flags(
-    cls: type[Settings] = Settings,
+    reads: Iterable[str], cls: type[Settings] = Settings
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give ``func(settings, ...)`` one flag per field of ``cls`` (Settings or a subclass
-    that adds a command's own settings)."""
+    """Give ``func(settings, ...)`` a flag per field of ``cls`` (Settings or a subclass that
+    adds a command's own settings). Those in ``reads``, the settings the command uses, are
+    shown in their GROUPS panel with their defaults; the others are hidden but accepted,
+    as every FLOTILLA_* variable is, so that one list of flags or one environment serves
+    every process of a deployment. Only flags given on the command line reach ``cls``,
+    which reads the environment for the rest."""
+    panel = {name: title for title, names in GROUPS.items() for name in names}
+    if unplaced := set(cls.model_fields) - set(panel):
+        raise TypeError(f"settings in no GROUPS panel: {sorted(unplaced)}")
+    shown = frozenset(reads)
+    if unknown := shown - set(cls.model_fields):
+        raise TypeError(f"not settings of {cls.__name__}: {sorted(unknown)}")
+    ordered = [name for names in GROUPS.values() for name in names if name in cls.model_fields]
 
     def decorate(func: Callable[..., None]) -> Callable[..., None]:
         hints = typing.get_type_hints(func, include_extras=True)  # Annotated flags survive
@@ -46,21 +139,34 @@ def settings_flags(
             for p in inspect.signature(func).parameters.values()
             if p.name != "settings"
         ]
+        # The context says which flags were given; the command's own, or one just for this.
+        ctx_name = next((p.name for p in own if p.annotation is typer.Context), None)
+        if ctx_name is None:
+            own.append(inspect.Parameter("context", KEYWORD_ONLY, annotation=typer.Context))
         setting_params = [
             inspect.Parameter(
                 name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=typer.Option(None, help=field.description, show_default=False),
-                annotation=_flag_type(field.annotation) | None,
+                KEYWORD_ONLY,
+                default=typer.Option(
+                    _shown_default(cls.model_fields[name]),
+                    help=cls.model_fields[name].description,
+                    rich_help_panel=panel[name],
+                    hidden=name not in shown,
+                ),
+                annotation=_flag_type(cls.model_fields[name].annotation) | None,
             )
-            for name, field in cls.model_fields.items()
+            for name in ordered
         ]
 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> None:
             given = {k: kwargs.pop(k) for k in list(kwargs) if k in cls.model_fields}
+            # Only the flags on the command line: a flag's default is there for --help, and
+            # must not shadow the environment variable.
+            ctx: typer.Context = kwargs[ctx_name] if ctx_name else kwargs.pop("context")
+            flags = {k: v for k, v in given.items() if _on_command_line(ctx, k)}
             try:
-                settings = cls(**{k: v for k, v in given.items() if v is not None})
+                settings = cls(**flags)
             except ValidationError as exc:
                 raise typer.BadParameter(str(exc)) from exc
             try:
@@ -70,6 +176,10 @@ def settings_flags(
                     exc.message, param_hint="'--fleet' / FLOTILLA_FLEET"
                 ) from exc
 
+        # The summary on one line: Typer's command lists keep its line breaks.
+        summary, _, rest = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
+        paragraphs = [summary.replace("\n", " "), rest, ENVIRONMENT_NOTE]
+        wrapper.__doc__ = "\n\n".join(p for p in paragraphs if p)
         wrapper.__signature__ = inspect.Signature(own + setting_params)  # type: ignore[attr-defined]
         wrapper.__annotations__ = {p.name: p.annotation for p in own + setting_params}
         return wrapper
@@ -77,11 +187,8 @@ def settings_flags(
     return decorate
 
 
-with_settings = settings_flags(Settings)
-
-
 @app.command()
-@with_settings
+@settings_flags(HTTP_API | MODELS | DECODING | STORE | RECORDS | KAFKA_INGEST)
 def serve(settings: Settings) -> None:
     """Gateway, in-process queue and a worker in one process, on the embedded defaults."""
     from flotilla.serve import serve as run
@@ -90,7 +197,9 @@ def serve(settings: Settings) -> None:
 
 
 @app.command()
-@with_settings
+# No models here (no cache, device or threads), and the workers decode the requests (no
+# DECODING); its store is the Qdrant server or none, so data_dir only places the adapters.
+@settings_flags(HTTP_API | STORE | WORK_QUEUE | {"reply_topic_prefix", "gateway_id"})
 def gateway(settings: Settings) -> None:
     """HTTP gateway over the Kafka work queue (--kafka): annotates requests and puts them
     on --request-topic; `flotilla worker` processes run the models. Loads no model."""
@@ -102,7 +211,10 @@ def gateway(settings: Settings) -> None:
 
 
 @app.command()
-@with_settings
+# No API: its HTTP server is /metrics, /health and /ready on host and worker_port.
+@settings_flags(
+    MODELS | ADAPTERS | DECODING | WORK_QUEUE | {"worker_group", "host", "worker_port", "log_level"}
+)
 def worker(settings: Settings) -> None:
     """Load the fleet on this device and pull requests from --request-topic (--kafka) as a
     member of --worker-group, until SIGTERM or Ctrl-C; then finish the jobs in hand,
@@ -116,7 +228,8 @@ def worker(settings: Settings) -> None:
 
 
 @app.command()
-@with_settings
+# One input per job (no request limit to hit), and no logging set up (no log_level).
+@settings_flags(MODELS | ADAPTERS | STORE | RECORDS | KAFKA_INGEST)
 def ingest(
     settings: Settings,
     source: Annotated[
@@ -155,7 +268,7 @@ app.add_typer(models_app, name="models")
 
 
 @models_app.callback(invoke_without_command=True)
-@with_settings
+@settings_flags({"fleet"})
 def models(
     settings: Settings,
     ctx: typer.Context,
@@ -187,7 +300,7 @@ def _importer_names() -> str:
 
 
 @models_app.command("import")
-@with_settings
+@settings_flags({"model_cache_dir"})
 def import_(
     settings: Settings,
     name: Annotated[str, typer.Argument(help=f"The importer: {_importer_names()}.")],
@@ -258,7 +371,7 @@ app.add_typer(lora_app, name="lora")
 
 
 @lora_app.command("add")
-@with_settings
+@settings_flags({"fleet"} | ADAPTERS)
 def lora_add(
     settings: Settings,
     name: Annotated[str, typer.Argument(help="The adapter's name: requests ask for BASE:NAME.")],
@@ -338,8 +451,10 @@ def lora_data_gesetze(
     ] = "",
     seed: Annotated[int, typer.Option(help="Seeds the choice of held-out laws.")] = 0,
 ) -> None:
-    """Heading -> body pairs from German laws; whole laws split into training
-    (train.jsonl) and evaluation (corpus.jsonl, queries.jsonl, qrels.tsv)."""
+    """Heading -> body pairs from German laws, split by whole laws.
+
+    Pairs of the training laws go to train.jsonl; the held-out laws become the evaluation
+    set (corpus.jsonl, queries.jsonl, qrels.tsv)."""
     from flotilla.lora import data_gesetze
     from lora.pairs import SplitError
 
@@ -353,7 +468,7 @@ def lora_data_gesetze(
 
 
 @lora_app.command("train")
-@settings_flags(LoraSettings)
+@settings_flags(MODELS | set(TrainConfig.model_fields) | set(Prices.model_fields), LoraSettings)
 def lora_train(
     settings: LoraSettings,
     base: Annotated[
@@ -383,7 +498,8 @@ def lora_train(
 
 
 @lora_app.command("cost")
-@settings_flags(LoraSettings)
+# A projection onto a GPU: the GPU prices, nothing of the run that measured the tokens.
+@settings_flags(set(GPU_PRICE_FIELDS.values()), LoraSettings)
 def lora_cost(
     settings: LoraSettings,
     adapter: Annotated[Path, typer.Argument(help="An adapter folder written by `lora train`.")],
@@ -413,7 +529,8 @@ app.add_typer(eval_app, name="eval")
 
 
 @eval_app.command("retrieval")
-@with_settings
+# Not auto_truncate: an evaluation cuts every over-long passage (flotilla.evaluate).
+@settings_flags((MODELS | ADAPTERS | STORE | RECORDS) - {"auto_truncate"})
 def eval_retrieval(
     settings: Settings,
     queries: Annotated[Path, typer.Option("--queries", help="queries.jsonl: id, text.")],

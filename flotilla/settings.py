@@ -1,5 +1,8 @@
-"""The one settings object. Every field is an environment variable
-(``FLOTILLA_<NAME>``) and a CLI flag (``--<name>``)."""
+"""The one settings object, and the panels its fields are shown in.
+
+Every field is an environment variable (``FLOTILLA_<NAME>``) and a CLI flag
+(``--<name>``) of every command that takes settings; each command's ``--help`` lists the
+ones it reads (``flotilla.cli`` declares which), under the titles of ``GROUPS``."""
 
 from __future__ import annotations
 
@@ -15,8 +18,17 @@ from lora.config import Prices, TrainConfig
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="forbid")
 
-    host: str = Field(default="127.0.0.1", description="Interface the HTTP server binds.")
-    port: int = Field(default=8080, ge=0, le=65535, description="HTTP port.")
+    host: str = Field(
+        default="127.0.0.1",
+        description="Interface the HTTP servers bind: the API's, and a worker's /metrics.",
+    )
+    port: int = Field(
+        default=8080,
+        ge=0,
+        le=65535,
+        description="Port of the HTTP API; a gateway's reply topic is named after it unless "
+        "--gateway-id is set.",
+    )
     fleet: Path | None = Field(
         default=None, description="Fleet YAML file; the bundled default fleet when unset."
     )
@@ -31,7 +43,10 @@ class Settings(BaseSettings):
         default="auto", description="Where models run; 'auto' takes CUDA when present."
     )
     threads: int = Field(
-        default=0, ge=0, description="CPU threads for inference; 0 uses every core."
+        default=0,
+        ge=0,
+        description="CPU threads the models run on (inference, or `lora train`); 0 uses every "
+        "core, fewer leaves cores to other processes.",
     )
     request_timeout_s: float = Field(
         default=30.0,
@@ -43,12 +58,16 @@ class Settings(BaseSettings):
         default=4_000_000, gt=0, description="Largest request body accepted (413 above)."
     )
     max_inputs_per_request: int = Field(
-        default=512, gt=0, description="Most inputs or documents in one request (413 above)."
+        default=512,
+        gt=0,
+        description="Most inputs or documents in one request (413 above); checked where the "
+        "models run (`serve`, `worker`).",
     )
     auto_truncate: bool = Field(
         default=False,
-        description="Cut over-long inputs to the model's limit instead of answering 413, for "
-        "requests that do not say (OpenAI and Cohere shapes).",
+        description="Cut over-long inputs to the model's limit instead of refusing them: "
+        "requests that do not say (OpenAI and Cohere shapes) get vectors instead of a 413, "
+        "ingested documents are cut instead of dead-lettered. Applied where the models run.",
     )
     max_inflight_tokens: int = Field(
         default=65_536,
@@ -59,13 +78,18 @@ class Settings(BaseSettings):
     bytes_per_token: float = Field(
         default=4.0,
         gt=0,
-        description="Body bytes per token when estimating a request's size without parsing it.",
+        description="Body bytes per token when a job's size is estimated without parsing it, "
+        "for admission (--max-inflight-tokens) and batching. Lower overestimates: fewer "
+        "requests admitted at once, smaller batches.",
     )
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Accepted bearer tokens, comma-separated; empty leaves the API open.",
     )
-    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info",
+        description="Least severe log messages written: debug, info, warning or error.",
+    )
 
     # -- ingestion and the vector store ------------------------------------
     kafka: str | None = Field(
@@ -79,7 +103,9 @@ class Settings(BaseSettings):
         description="Consumer group; ingest workers in one group share the topic's partitions.",
     )
     collection: str = Field(
-        default="documents", description="Collection for records that do not name one."
+        default="documents",
+        description="Collection for records that do not name one; `eval retrieval` writes "
+        "<collection>.<model>.",
     )
     store: Literal["edge", "qdrant"] = Field(
         default="edge",
@@ -87,7 +113,9 @@ class Settings(BaseSettings):
         "owns it). 'qdrant': a Qdrant server at --qdrant-url.",
     )
     data_dir: Path = Field(
-        default=Path("flotilla-data"), description="Where the embedded store keeps its files."
+        default=Path("flotilla-data"),
+        description="Where flotilla keeps its files: the embedded store's (--store edge) and, "
+        "unless --adapters-dir says otherwise, the registered adapters (<data-dir>/adapters).",
     )
     adapters_dir: Path | None = Field(
         default=None,
@@ -99,7 +127,8 @@ class Settings(BaseSettings):
     ingest_max_text_bytes: int = Field(
         default=200_000,
         gt=0,
-        description="Longest document text accepted; longer ones go to the dead-letter topic.",
+        description="Longest document text accepted, in UTF-8 bytes; longer documents are "
+        "dead-lettered, not embedded.",
     )
     ingest_max_records: int = Field(
         default=512,
@@ -169,3 +198,40 @@ class LoraSettings(Settings, TrainConfig, Prices):
     in (``lora.config.Prices``)."""
 
     model_config = SettingsConfigDict(env_prefix="FLOTILLA_", extra="forbid")
+
+
+# The panels of `--help`, in this order: every setting is in exactly one, so that a
+# setting is found under the same title in every command that reads it. Which settings a
+# command reads is declared by the command (flotilla.cli); it shows only those. A panel
+# holding a boolean flag (two columns of names) keeps to short names, or Rich cuts them
+# at 80 columns.
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Server": ("host", "port", "worker_port", "log_level"),
+    # auto_truncate is how the models take over-long inputs, from requests or ingest alike.
+    "Models": ("fleet", "device", "threads", "auto_truncate"),
+    "Directories": ("model_cache_dir", "data_dir", "adapters_dir"),
+    "Requests": (
+        "api_keys",
+        "request_timeout_s",
+        "max_body_bytes",
+        "max_inputs_per_request",
+        "max_inflight_tokens",
+        "bytes_per_token",
+    ),
+    "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
+    "Ingest": ("collection", "ingest_max_text_bytes", "ingest_max_records"),
+    "Kafka": (
+        "kafka",
+        "topic",
+        "group",
+        "request_topic",
+        "request_partitions",
+        "reply_topic_prefix",
+        "gateway_id",
+        "worker_group",
+        "status_topic",
+        "kafka_max_message_bytes",
+    ),
+    "LoRA training": tuple(TrainConfig.model_fields),
+    "Prices": tuple(Prices.model_fields),
+}

@@ -9,11 +9,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
+import typer
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 import flotilla.serve
 from flotilla.cli import app
-from flotilla.settings import Settings
+from flotilla.settings import LoraSettings, Settings
 
 FLEET = """\
 models:
@@ -130,10 +132,20 @@ def test_env_list_is_split_on_commas(runner: CliRunner, served: list[Settings]) 
 
 
 def test_every_setting_is_a_flag(runner: CliRunner) -> None:
-    result = runner.invoke(app, ["serve", "--help"])
-    assert result.exit_code == 0, result.output
+    """Listed by the --help of the commands that read it (which: test_cli_settings.py),
+    and accepted by `serve` as by every other command."""
+    listed = ""
+    for command in (["serve"], ["gateway"], ["worker"], ["lora", "train"]):
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0, result.output
+        listed += result.output
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    accepted = {opt for param in root.commands["serve"].params for opt in param.opts}
+    for name in LoraSettings.model_fields:
+        assert f"--{name.replace('_', '-')}" in listed, name
     for name in Settings.model_fields:
-        assert f"--{name.replace('_', '-')}" in result.output, name
+        assert f"--{name.replace('_', '-')}" in accepted, name
 
 
 @pytest.mark.parametrize(
