@@ -51,17 +51,17 @@ def _width_without_terminal() -> None:
 # -- which settings each command reads ---------------------------------------------------
 # A command's --help shows the settings its code path reads, no others. These are the
 # pieces of wiring the commands share, each as the settings it reads; a change to what
-# the wiring reads (flotilla/serve.py, distributed.py, ingest.py, evaluate.py, lora.py,
-# gateway/service.py) belongs here too.
+# flotilla/wiring.py (or a command's own module: serve.py, distributed.py, ingest.py,
+# evaluate.py, lora.py) reads belongs here too.
 
-# load_fleet(...).with_model_cache(...), and a ModelHost's device and threads.
+# wiring.configured_fleet() and wiring.model_host(): the fleet, its device and threads.
 MODELS = frozenset({"fleet", "model_cache_dir", "device", "threads"})
-# Settings.adapters_root: where registered adapters are found, or registered.
+# wiring.adapter_catalog(): Settings.adapters_root, where adapters are found or registered.
 ADAPTERS = frozenset({"adapters_dir", "data_dir"})
-# request_limits(): requests are decoded, and cut or refused, where the models run.
+# wiring.request_limits(): requests are decoded, and cut or refused, where the models run.
 DECODING = frozenset({"max_inputs_per_request", "auto_truncate"})
-# gateway.app and its uvicorn: authorization, body and deadline limits, admission, the
-# token estimate, and model:adapter names resolved against the fleet and the adapters.
+# wiring.gateway_config() and run_http(): authorization, body and deadline limits, admission,
+# the token estimate, and model:adapter names resolved against the fleet and the adapters.
 HTTP_API = ADAPTERS | {
     "host",
     "port",
@@ -73,11 +73,11 @@ HTTP_API = ADAPTERS | {
     "max_inflight_tokens",
     "bytes_per_token",
 }
-# configured_store(): the embedded store under data_dir, or a Qdrant server.
+# wiring.configured_store(): the embedded store under data_dir, or a Qdrant server.
 STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})
-# An IngestCore: record_rules() and its QueueEmbedder.
+# wiring.local_stack()'s IngestCore: record_rules() and its QueueEmbedder.
 RECORDS = frozenset({"collection", "ingest_max_text_bytes", "bytes_per_token", "auto_truncate"})
-# A KafkaSource (ingest_max_records also sizes the chunks of `ingest --from`).
+# wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`).
 KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records"})
 # Both halves of the Kafka work queue and the worker heartbeats.
 WORK_QUEUE = frozenset(
