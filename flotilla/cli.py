@@ -1,190 +1,39 @@
-"""The ``flotilla`` command. Each command takes the settings its code path reads as
-flags, shown in the panels of ``flotilla.settings.GROUPS``; flags override environment
-variables, which override defaults."""
+"""The ``flotilla`` command: one Typer app over the command modules. Each command takes
+the settings its code path reads as flags (``flotilla.flags``); flags override
+environment variables, which override defaults."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import json
-import os
-import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from pydantic import ValidationError
-from pydantic.fields import FieldInfo
 
-from embedder.fleet import FleetError
-from flotilla.settings import GROUPS, LoraSettings, Settings
+from flotilla.flags import (
+    ADAPTERS,
+    DECODING,
+    HTTP_API,
+    KAFKA_INGEST,
+    MODELS,
+    RECORDS,
+    STORE,
+    WORK_QUEUE,
+    set_help_width,
+    settings_flags,
+)
+from flotilla.settings import LoraSettings, Settings
 from flotilla.signals import exit_cleanly_until_running
 from lora.config import Prices, TrainConfig
 from lora.cost import GPU_PRICE_FIELDS
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
 
-# Rich sizes help and errors to the terminal, or to COLUMNS or TERMINAL_WIDTH; with none
-# of them (CI logs, output of a process without a terminal) it takes 80 columns, where the
-# option columns leave the descriptions a few words per line. Such logs are read wider.
-WIDTH_WITHOUT_TERMINAL = 120
-
 
 @app.callback()
 def _width_without_terminal() -> None:
-    """Runs before any subcommand parses its arguments, so before its --help prints."""
-    if os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH"):
-        return
-    for stream in (0, 1, 2):  # the streams Rich asks for a terminal size
-        with contextlib.suppress(OSError):
-            os.get_terminal_size(stream)
-            return
-    import typer.rich_utils
-
-    # What TERMINAL_WIDTH would set; Typer's console reads it at every help or error, for
-    # the rest of this process (one command).
-    typer.rich_utils.MAX_WIDTH = WIDTH_WITHOUT_TERMINAL
-
-
-# -- which settings each command reads ---------------------------------------------------
-# A command's --help shows the settings its code path reads, no others. These are the
-# pieces of wiring the commands share, each as the settings it reads; a change to what
-# flotilla/wiring.py (or a command's own module: serve.py, distributed.py, ingest.py,
-# evaluate.py, lora.py) reads belongs here too.
-
-# wiring.configured_fleet() and wiring.model_host(): the fleet, its device and threads.
-MODELS = frozenset({"fleet", "model_cache_dir", "device", "threads"})
-# wiring.adapter_catalog(): Settings.adapters_root, where adapters are found or registered.
-ADAPTERS = frozenset({"adapters_dir", "data_dir"})
-# wiring.request_limits(): requests are decoded, and cut or refused, where the models run.
-DECODING = frozenset({"max_inputs_per_request", "auto_truncate"})
-# wiring.gateway_config() and run_http(): authorization, body and deadline limits, admission,
-# the token estimate, and model:adapter names resolved against the fleet and the adapters.
-HTTP_API = ADAPTERS | {
-    "host",
-    "port",
-    "log_level",
-    "fleet",
-    "api_keys",
-    "request_timeout_s",
-    "max_body_bytes",
-    "max_inflight_tokens",
-    "bytes_per_token",
-}
-# wiring.configured_store(): the embedded store under data_dir, or a Qdrant server.
-STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})
-# wiring.local_stack()'s IngestCore: record_rules() and its QueueEmbedder.
-RECORDS = frozenset({"collection", "ingest_max_text_bytes", "bytes_per_token", "auto_truncate"})
-# wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`).
-KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records"})
-# Both halves of the Kafka work queue and the worker heartbeats.
-WORK_QUEUE = frozenset(
-    {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}
-)
-
-
-def _flag_type(annotation: Any) -> Any:
-    """The type Typer parses a flag as; pydantic validates the value afterwards."""
-    origin = typing.get_origin(annotation)
-    if annotation in (int, float, bool, str):
-        return annotation
-    if annotation is Path or Path in typing.get_args(annotation):
-        return Path
-    if origin is list:
-        return str  # comma-separated, like the environment variable
-    return str  # Literal and friends
-
-
-def _shown_default(field: FieldInfo) -> Any:
-    """A field's default as the flag's, for --help to show: a list as its comma-separated
-    value, None when there is nothing to show (unset means what the description says)."""
-    default = field.get_default(call_default_factory=True)
-    if isinstance(default, list):
-        return ",".join(map(str, default)) or None
-    return default
-
-
-def _on_command_line(ctx: typer.Context, name: str) -> bool:
-    source = ctx.get_parameter_source(name)
-    return source is not None and source.name == "COMMANDLINE"
-
-
-KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
-ENVIRONMENT_NOTE = "Settings are also FLOTILLA_<NAME> environment variables; a flag wins."
-
-
-def settings_flags(
-    reads: Iterable[str], cls: type[Settings] = Settings
-) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give ``func(settings, ...)`` a flag per field of ``cls`` (Settings or a subclass that
-    adds a command's own settings). Those in ``reads``, the settings the command uses, are
-    shown in their GROUPS panel with their defaults; the others are hidden but accepted,
-    as every FLOTILLA_* variable is, so that one list of flags or one environment serves
-    every process of a deployment. Only flags given on the command line reach ``cls``,
-    which reads the environment for the rest."""
-    panel = {name: title for title, names in GROUPS.items() for name in names}
-    if unplaced := set(cls.model_fields) - set(panel):
-        raise TypeError(f"settings in no GROUPS panel: {sorted(unplaced)}")
-    shown = frozenset(reads)
-    if unknown := shown - set(cls.model_fields):
-        raise TypeError(f"not settings of {cls.__name__}: {sorted(unknown)}")
-    ordered = [name for names in GROUPS.values() for name in names if name in cls.model_fields]
-
-    def decorate(func: Callable[..., None]) -> Callable[..., None]:
-        hints = typing.get_type_hints(func, include_extras=True)  # Annotated flags survive
-        own = [
-            p.replace(annotation=hints.get(p.name, p.annotation))
-            for p in inspect.signature(func).parameters.values()
-            if p.name != "settings"
-        ]
-        # The context says which flags were given; the command's own, or one just for this.
-        ctx_name = next((p.name for p in own if p.annotation is typer.Context), None)
-        if ctx_name is None:
-            own.append(inspect.Parameter("context", KEYWORD_ONLY, annotation=typer.Context))
-        setting_params = [
-            inspect.Parameter(
-                name,
-                KEYWORD_ONLY,
-                default=typer.Option(
-                    _shown_default(cls.model_fields[name]),
-                    help=cls.model_fields[name].description,
-                    rich_help_panel=panel[name],
-                    hidden=name not in shown,
-                ),
-                annotation=_flag_type(cls.model_fields[name].annotation) | None,
-            )
-            for name in ordered
-        ]
-
-        @functools.wraps(func)
-        def wrapper(**kwargs: Any) -> None:
-            given = {k: kwargs.pop(k) for k in list(kwargs) if k in cls.model_fields}
-            # Only the flags on the command line: a flag's default is there for --help, and
-            # must not shadow the environment variable.
-            ctx: typer.Context = kwargs[ctx_name] if ctx_name else kwargs.pop("context")
-            flags = {k: v for k, v in given.items() if _on_command_line(ctx, k)}
-            try:
-                settings = cls(**flags)
-            except ValidationError as exc:
-                raise typer.BadParameter(str(exc)) from exc
-            try:
-                func(settings, **kwargs)
-            except FleetError as exc:  # a missing or malformed fleet file: a usage error
-                raise typer.BadParameter(
-                    exc.message, param_hint="'--fleet' / FLOTILLA_FLEET"
-                ) from exc
-
-        # The summary on one line: Typer's command lists keep its line breaks.
-        summary, _, rest = inspect.cleandoc(func.__doc__ or "").partition("\n\n")
-        paragraphs = [summary.replace("\n", " "), rest, ENVIRONMENT_NOTE]
-        wrapper.__doc__ = "\n\n".join(p for p in paragraphs if p)
-        wrapper.__signature__ = inspect.Signature(own + setting_params)  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {p.name: p.annotation for p in own + setting_params}
-        return wrapper
-
-    return decorate
+    set_help_width()
 
 
 @app.command()

@@ -51,8 +51,10 @@ MODULES = modules()
 
 
 def imported_names(module: str, path: Path) -> Iterator[str]:
-    """Every dotted name an import statement in the module names (``from a import b``
-    gives ``a.b``, which may be a module or a name in ``a``)."""
+    """Every dotted name an import statement in the module names: ``from a import b``
+    gives ``a.b`` when that is a module, else ``a`` (a name defined in ``a``). Importing a
+    submodule also runs its package's ``__init__``, as every module's import does: that
+    implicit step is not an arrow."""
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -63,8 +65,9 @@ def imported_names(module: str, path: Path) -> Iterator[str]:
                 source = ".".join([*base, *([node.module] if node.module else [])])
             else:
                 source = node.module or ""
-            yield source
-            yield from (f"{source}.{alias.name}" for alias in node.names)
+            for alias in node.names:
+                name = f"{source}.{alias.name}"
+                yield name if name in MODULES else source
 
 
 def internal(name: str) -> str | None:

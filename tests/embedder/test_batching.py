@@ -6,13 +6,20 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedder.batching import BatchLimits, BatchPlan, DropReason, flush_delay, form_batch
+from embedder.batching import (
+    BatchLimits,
+    BatchPlan,
+    DropReason,
+    flush_delay,
+    form_batch,
+    take_within,
+)
 from embedder.jobs import ApiShape, EmbedJob
 
 NOW = 1_000.0
@@ -462,3 +469,43 @@ def test_flush_delay_uses_each_models_own_max_wait() -> None:
     }
     pending = [job("a", model="alpha"), job("b", model="beta")]
     assert flush_delay(pending, limits, NOW) == 0.5
+
+
+# -- take_within: the one fill rule of every pull and of form_batch ----------------------
+
+
+@given(st.lists(st.integers(1, 50), max_size=30), st.integers(1, 200), st.booleans())
+@settings(max_examples=300, deadline=None)
+def test_take_within_keeps_order_and_budget(sizes: list[int], budget: int, skip: bool) -> None:
+    jobs = [job(f"j{i}", tokens=n) for i, n in enumerate(sizes)]
+    taken = take_within(jobs, budget, skip_misfits=skip)
+    assert taken == [j for j in jobs if j in taken]  # a subsequence, in the order given
+    if jobs:
+        assert taken[0] is jobs[0]  # the first always, even over the budget alone
+    if len(taken) > 1:
+        assert sum(j.est_tokens for j in taken) <= budget
+    if not skip:  # stops at the first misfit: a prefix
+        assert taken == jobs[: len(taken)]
+    else:  # every job left out would have overflowed the budget at its turn
+        total = 0
+        for j in jobs:
+            if j in taken:
+                total += j.est_tokens
+            else:
+                assert total + j.est_tokens > budget
+
+
+def test_take_within_caps_requests_and_leaves_the_rest_unread() -> None:
+    jobs = [job(f"j{i}", tokens=1) for i in range(5)]
+    read: list[str] = []
+
+    def lazily() -> Iterator[EmbedJob]:
+        for j in jobs:
+            read.append(j.id)
+            yield j
+
+    assert ids(take_within(lazily(), 100, max_requests=2)) == ["j0", "j1"]
+    assert read == ["j0", "j1"]  # decided on j2 without reading it: a queue's head stays
+    read.clear()
+    assert ids(take_within(lazily(), 2)) == ["j0", "j1"]
+    assert read == ["j0", "j1", "j2"]  # j2 was looked at and left: it did not fit

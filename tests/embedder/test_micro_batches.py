@@ -1,4 +1,4 @@
-"""micro_batches: how the torch runtime splits one batch into forward passes."""
+"""micro_batches (embedder.batching): how a runtime splits one batch into forward passes."""
 
 from __future__ import annotations
 
