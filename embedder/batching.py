@@ -70,9 +70,10 @@ def take_within(
     """Jobs in the order given while their estimated tokens fit ``max_tokens``.
 
     The first job is always taken, so one larger than the whole budget runs alone rather
-    than starving; ``max_requests`` (at least 1) caps the count. At a job that does not fit, taking stops, or with ``skip_misfits``
-    goes on to later, smaller ones. The iterator is advanced only to decide on the next
-    job: a queue may hand out its heads lazily and pop each one once it is taken.
+    than starving; ``max_requests`` (at least 1) caps the count. At a job that does not
+    fit, taking stops, or with ``skip_misfits`` goes on to later, smaller ones. The
+    iterator is advanced only to decide on the next job: a queue may hand out its heads
+    lazily and pop each one once it is taken.
     """
     taken: list[EmbedJob] = []
     tokens = 0
