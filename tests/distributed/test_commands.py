@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import typer
 from typer.core import TyperGroup
@@ -17,13 +15,7 @@ from flotilla.distributed import reply_topic
 from flotilla.settings import Settings
 from tests.gateway.test_no_torch import heavy_modules_after
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FLOTILLA_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("COLUMNS", "200")
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 @pytest.fixture

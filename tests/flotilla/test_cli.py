@@ -4,7 +4,6 @@ variables over defaults."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,14 +27,7 @@ models:
     task: rerank
 """
 
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings read FLOTILLA_* variables: none from the outer shell may leak in."""
-    for name in list(os.environ):
-        if name.startswith("FLOTILLA_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("COLUMNS", "200")  # keep rich from wrapping help and errors
+pytestmark = pytest.mark.usefixtures("clean_env")
 
 
 @pytest.fixture

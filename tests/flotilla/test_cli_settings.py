@@ -114,6 +114,8 @@ PANEL = re.compile(r"^╭─ (.+?) ─")
 
 FLEET = "models:\n  small-embed:\n    source: {path: %(folder)s}\n"
 
+pytestmark = pytest.mark.usefixtures("clean_env")
+
 
 def settings_class(command: tuple[str, ...]) -> type[Settings]:
     return LoraSettings if command in {("lora", "train"), ("lora", "cost")} else Settings
@@ -145,14 +147,6 @@ def rows(output: str) -> dict[str, str | None]:
 
 
 SETTING_FLAGS = {flag(name) for name in LoraSettings.model_fields}
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("FLOTILLA_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("COLUMNS", "200")
 
 
 @pytest.fixture

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,3 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             name: build_tiny_embedder(folder / name, seed=seed)
             for name, seed in (("tiny-a", 0), ("tiny-b", 1))
         }
-
-
-@pytest.fixture
-def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Settings read FLOTILLA_* variables: none from the outer shell may leak in."""
-    for name in list(os.environ):
-        if name.startswith("FLOTILLA_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("COLUMNS", "200")
