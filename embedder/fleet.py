@@ -19,6 +19,7 @@ from embedder.importers import IMPORTERS, default_cache_dir
 from embedder.jobs import Task
 
 DeviceKind = Literal["cpu", "cuda"]
+Precision = Literal["auto", "float32", "bfloat16", "bfloat16-autocast", "float16", "int8"]
 PromptUse = Literal["query", "document"]  # what a text is for, when a request says
 
 
@@ -106,11 +107,31 @@ class Profile(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    runtime: str = Field(default="torch", description="Key into the runtime registry.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    runtime: str = Field(
+        default="torch",
+        description="Key into the runtime registry (embedder.runtimes.RUNTIMES): torch, "
+        "onnx, openvino, or emulated (the real tokenizer, no model: the host path alone).",
+    )
+    dtype: Precision = Field(
         default="auto",
-        description="'auto' measures fp32 against bf16 at load and keeps the faster one "
-        "whose vectors stay within cosine 0.999 of fp32.",
+        description="The arithmetic: 'float32'; 'bfloat16' (bf16 weights); "
+        "'bfloat16-autocast' (fp32 weights, bf16 matmuls); 'float16' (CUDA); 'int8' "
+        "(quantized matmuls, where the runtime has them). 'auto' measures the runtime's "
+        "candidates at load and keeps the fastest whose vectors stay within cosine 0.999 "
+        "of fp32; `flotilla tune` searches more widely, ahead of time.",
+    )
+    threads: int = Field(
+        default=0,
+        ge=0,
+        description="CPU threads for this model's forward passes; 0 takes the --threads "
+        "setting. Tuned per device: past a point more threads only add contention.",
+    )
+    latency_target_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="Steer the wait for a fuller batch toward this p50 latency, between 0 "
+        "and max_wait_ms, instead of always waiting max_wait_ms: one client gets near "
+        "single-request latency, many get full batches. None keeps the fixed wait.",
     )
     max_batch_tokens: int = Field(
         default=8192, gt=0, description="Estimated tokens the worker takes per batch."
