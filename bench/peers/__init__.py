@@ -27,6 +27,20 @@ class PeerConfig:
 
 
 @dataclass(frozen=True)
+class Start:
+    """How to start a peer: the configuration, the model, where, and how long to wait."""
+
+    config: PeerConfig
+    model_dir: Path  # the same local folder flotilla serves
+    model_name: str  # the name requests carry (the fleet's)
+    port: int
+    threads: int
+    device: str  # "cpu" or "cuda"
+    log_path: Path
+    ready_timeout_s: float
+
+
+@dataclass(frozen=True)
 class Launch:
     """What a started peer needs to be measured: where to send requests."""
 
@@ -43,17 +57,7 @@ class Peer(Protocol):
         """None when installed, else a line saying how to install it."""
         ...
 
-    def serve(
-        self,
-        config: PeerConfig,
-        model_dir: Path,
-        model_name: str,
-        port: int,
-        threads: int,
-        device: str,
-        log_path: Path,
-        ready_timeout_s: float,
-    ) -> AbstractContextManager[Launch]:
+    def serve(self, start: Start) -> AbstractContextManager[Launch]:
         """Start the server, yield once it answers, stop it on exit."""
         ...
 

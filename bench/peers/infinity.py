@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.peers import Launch, PeerConfig, peers_dir
+from bench.peers import Launch, Start, peers_dir
 
 HOST = "127.0.0.1"
 SCRIPT = Path(__file__).with_name("infinity.sh")
@@ -39,60 +39,50 @@ class Infinity:
             return None
         return f"infinity-emb {self.version} is not installed in {venv}; run {SCRIPT}"
 
-    def command(
-        self, config: PeerConfig, model_dir: Path, model_name: str, port: int, device: str
-    ) -> list[str]:
+    def command(self, start: Start) -> list[str]:
         return [
             str(self.venv() / "bin" / "infinity_emb"),
             "v2",
             "--model-id",
-            str(model_dir),
+            str(start.model_dir),
             "--served-model-name",
-            model_name,
+            start.model_name,
             "--engine",
             "torch",
             "--device",
-            device,
+            start.device,
             "--dtype",
-            config.dtype,
+            start.config.dtype,
             "--batch-size",
-            str(config.batch_size),
+            str(start.config.batch_size),
             "--host",
             HOST,
             "--port",
-            str(port),
+            str(start.port),
             "--no-vector-disk-cache",
             "--log-level",
             "warning",  # as flotilla runs: no access line per request
         ]
 
     @contextlib.contextmanager
-    def serve(
-        self,
-        config: PeerConfig,
-        model_dir: Path,
-        model_name: str,
-        port: int,
-        threads: int,
-        device: str,
-        log_path: Path,
-        ready_timeout_s: float,
-    ) -> Iterator[Launch]:
+    def serve(self, start: Start) -> Iterator[Launch]:
         env = {
             **os.environ,
             "DO_NOT_TRACK": "1",
             "INFINITY_ANONYMOUS_USAGE_STATS": "0",
             "HF_HUB_OFFLINE": "1",
-            "OMP_NUM_THREADS": str(threads),
-            "MKL_NUM_THREADS": str(threads),
+            "OMP_NUM_THREADS": str(start.threads),
+            "MKL_NUM_THREADS": str(start.threads),
         }
         env.pop("PYTHONPATH", None)  # its venv, not flotilla's code
-        command = self.command(config, model_dir, model_name, port, device)
-        with open(log_path, "wb") as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        url = f"http://{HOST}:{start.port}"
+        with open(start.log_path, "wb") as log:
+            process = subprocess.Popen(
+                self.command(start), stdout=log, stderr=subprocess.STDOUT, env=env
+            )
             try:
-                _wait_ready(process, f"http://{HOST}:{port}/health", ready_timeout_s, log_path)
-                yield Launch(f"http://{HOST}:{port}/embeddings", model_name, process.pid)
+                _wait_ready(process, f"{url}/health", start.ready_timeout_s, start.log_path)
+                yield Launch(f"{url}/embeddings", start.model_name, process.pid)
             finally:
                 if process.poll() is None:
                     process.send_signal(signal.SIGINT)

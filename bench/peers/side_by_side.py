@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from bench import load, report, texts
-from bench.peers import PEERS, Peer, PeerConfig, get_peer
+from bench.peers import PEERS, Peer, PeerConfig, Start, get_peer
 from bench.peers.compare import (
     DEFAULT_LOADS,
     MIN_COSINE,
@@ -126,7 +126,7 @@ def run_peer(
         print(f"  {peer.name} {config.name} on {load.HOST}:{port} (log: {log_path})")
         entry: dict[str, Any] = {"batch_size": config.batch_size, "dtype": config.dtype}
         try:
-            with peer.serve(
+            start = Start(
                 config,
                 setup.model_dir,
                 setup.model,
@@ -135,7 +135,8 @@ def run_peer(
                 setup.device,
                 log_path,
                 setup.ready_timeout_s,
-            ) as launch:
+            )
+            with peer.serve(start) as launch:
                 cosine, ours, theirs = asyncio.run(
                     _measure_pairs(setup, launch.url, flotilla_first=n % 2 == 0)
                 )

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from bench import load
-from bench.peers import Launch, PeerConfig, side_by_side
+from bench.peers import Launch, PeerConfig, Start, side_by_side
 from bench.peers.compare import Load
 
 DIM = 8
@@ -78,22 +78,12 @@ class FakePeer:
         return None
 
     @contextlib.contextmanager
-    def serve(
-        self,
-        config: PeerConfig,
-        model_dir: Path,
-        model_name: str,
-        port: int,
-        threads: int,
-        device: str,
-        log_path: Path,
-        ready_timeout_s: float,
-    ) -> Iterator[Launch]:
-        self.started.append(config.name)
-        route = self.route_of[config.name]
+    def serve(self, start: Start) -> Iterator[Launch]:
+        self.started.append(start.config.name)
+        route = self.route_of[start.config.name]
         if route == "down":
             raise RuntimeError("the fake peer did not start")
-        yield Launch(f"http://{load.HOST}:{self.port}/{route}", model_name, 0)
+        yield Launch(f"http://{load.HOST}:{self.port}/{route}", start.model_name, 0)
 
 
 def _setup(port: int, loads: list[Load]) -> side_by_side.Setup:
