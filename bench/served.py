@@ -53,7 +53,7 @@ from bench.load import check_vectors as check_vectors
 from bench.load import free_port as free_port
 from bench.load import plan_requests as plan_requests
 from bench.load import run_level as run_level
-from bench.peers import side_by_side
+from bench.peers import options, side_by_side
 from embedder.fleet import DeviceKind, ModelSpec, Precision
 
 # -- the engine ceiling ------------------------------------------------------
@@ -340,7 +340,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dtype", choices=typing.get_args(Precision), default=None, help="override its dtype"
     )
-    side_by_side.add_arguments(parser)
+    options.add_arguments(parser)
     parser.add_argument("--out", default="served", help="results file stem in bench/results/")
     args = parser.parse_args(argv)
     if args.duration_s <= 0 or args.duration_s > 600 or args.max_requests <= 0:
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec = served_spec(args)
-    peers = side_by_side.chosen_peers(args.peer)
+    peers = options.chosen_peers(args.peer)
     corpus = texts.build(args.n_texts, args.seed)
     max_tokens = spec.max_tokens
     plan = plan_requests(corpus, spec.name, max_tokens, 4096, args.seed, args.encoding)

@@ -156,19 +156,3 @@ def test_check_texts_include_the_longest() -> None:
     lengths[7], lengths[13] = 900, 700
     picked = side_by_side.check_texts_of(texts, lengths, 8)
     assert picked[:2] == ["t7", "t13"] and len(picked) == 8 and len(set(picked)) == 8
-
-
-def test_a_missing_peer_is_skipped_by_default_and_an_error_by_name(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    class Missing(FakePeer):
-        def missing(self) -> str | None:
-            return "not installed; run bench/peers/fake.sh"
-
-    monkeypatch.setattr(side_by_side, "PEERS", {"fake": "x:y"})
-    monkeypatch.setattr(side_by_side, "get_peer", lambda name: Missing(0, {}))
-    assert side_by_side.chosen_peers(None) == []
-    assert "skipping the peer fake: not installed" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--peer fake: not installed"):
-        side_by_side.chosen_peers(["fake"])
-    assert side_by_side.chosen_peers(["none"]) == []
