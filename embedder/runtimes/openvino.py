@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 IR_FILE = "model.xml"
 IR_VERSION = 1
-QUANTIZATION_VERSION = 1
+QUANTIZATION_VERSION = 2
 HINTS = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
 REFUSALS = {
     "bfloat16-autocast": "OpenVINO's bf16 is its inference precision; write dtype bfloat16",
@@ -85,13 +85,26 @@ def quantized(export: Artifact, runtime: GraphRuntime) -> Path:
 
     def build(out: Path) -> dict[str, object]:
         import nncf
+        from nncf.quantization.advanced_parameters import (
+            AdvancedQuantizationParameters,
+            AdvancedSmoothQuantParameters,
+        )
 
         nncf.set_log_level(logging.ERROR)
         model = ov.Core().read_model(source)
         names = [port.get_any_name() for port in model.inputs]
         data = [{n: f[n] for n in names} for f in calibration_feeds(runtime)]
+        # SmoothQuant off: on all-MiniLM-L6-v2 it cost accuracy (worst cosine to fp32
+        # 0.968 with it, 0.984 without) and a third of the build time.
+        no_smoothing = AdvancedQuantizationParameters(
+            smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1)
+        )
         q = nncf.quantize(
-            model, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(data)
+            model,
+            nncf.Dataset(data),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(data),
+            advanced_parameters=no_smoothing,
         )
         ov.save_model(q, out / IR_FILE, compress_to_fp16=False)
         return {"calibration_passes": len(data)}
