@@ -13,7 +13,10 @@ ONNX Runtime's CPU provider has no bf16 arithmetic; bf16 profiles are refused.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -100,15 +103,16 @@ def quantized(export: Artifact) -> tuple[Path, str]:
         from onnx import TensorProto
         from onnxruntime.quantization import quantize_dynamic
 
-        quantize_dynamic(
-            source,
-            out / GRAPH_FILE,
-            per_channel=True,
-            weight_type=weights,
-            # Shape inference cannot see through the fused (com.microsoft) operators;
-            # every tensor it loses track of is float.
-            extra_options={"DefaultTensorType": TensorProto.FLOAT},
-        )
+        with _quiet_root_logging("onnxruntime"):
+            quantize_dynamic(
+                source,
+                out / GRAPH_FILE,
+                per_channel=True,
+                weight_type=weights,
+                # Shape inference cannot see through the fused (com.microsoft) operators;
+                # every tensor it loses track of is float.
+                extra_options={"DefaultTensorType": TensorProto.FLOAT},
+            )
         return {"weights": weights.name}
 
     artifact = build_cached("ort-int8", identity, build)
@@ -116,6 +120,23 @@ def quantized(export: Artifact) -> tuple[Path, str]:
 
 
 PRECISIONS = {"float32": fused, "int8": quantized}
+
+
+@contextlib.contextmanager
+def _quiet_root_logging(package: str) -> Iterator[None]:
+    """Drop what ``package`` logs straight on the root logger (the quantizer logs a line
+    per tensor there) without touching anyone else's records."""
+    marker = f"{os.sep}{package}{os.sep}"
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or marker not in record.pathname
+
+    root = logging.getLogger()
+    root.addFilter(keep)
+    try:
+        yield
+    finally:
+        root.removeFilter(keep)
 
 
 def _providers(device: DeviceKind, dtype: str) -> list[str]:
