@@ -86,6 +86,8 @@ RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]
 # name -> "module:function"; imported lazily so the registry itself stays torch-free.
 RUNTIMES: dict[str, str] = {
     "torch": "embedder.runtimes.torch_st:load",
+    "onnx": "embedder.runtimes.onnx:load",
+    "openvino": "embedder.runtimes.openvino:load",
 }
 
 
