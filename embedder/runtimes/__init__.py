@@ -82,6 +82,7 @@ RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]
 # name -> "module:function"; imported lazily so the registry itself stays torch-free.
 RUNTIMES: dict[str, str] = {
     "torch": "embedder.runtimes.torch_st:load",
+    "emulated": "embedder.runtimes.emulated:load",
 }
 
 
