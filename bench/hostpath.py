@@ -19,7 +19,7 @@ import argparse
 import asyncio
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -40,6 +40,24 @@ def emulated(spec: ModelSpec) -> ModelSpec:
         for kind, profile in (spec.profiles or {"cpu": spec.profile("cpu")}).items()
     }
     return spec.model_copy(update={"profiles": profiles})
+
+
+# The printed table: a header and how each row's cell is read from a level's summary.
+COLUMNS: list[tuple[str, Callable[[dict[str, Any]], object]]] = [
+    ("clients", lambda r: r["concurrency"]),
+    ("ok", lambda r: r["ok"]),
+    ("errors", lambda r: sum(r["errors"].values())),
+    ("req/s", lambda r: r["requests_per_s"]),
+    ("inputs/s", lambda r: r["inputs_per_s"]),
+    ("tokens/s", lambda r: r["tokens_per_s"]),
+    ("server cores", lambda r: r["server_cores_busy"]),
+    ("tok/s per core", lambda r: r["tokens_per_s_per_server_core"]),
+    ("cores for 1M", lambda r: r["server_cores_for_1m_tokens_per_s"] or float("nan")),
+    ("p50 ms", lambda r: r["latency_ms"]["p50"]),
+    ("p99 ms", lambda r: r["latency_ms"]["p99"]),
+    ("req/batch", lambda r: r["mean_requests_per_batch"] or float("nan")),
+    ("machine busy", lambda r: f"{100 * r['cpu'].get('machine_busy_share', 0):.0f}%"),
+]
 
 
 def level_row(level: served.Level, inputs_sent: int, server_cpu_s: float) -> dict[str, Any]:
@@ -182,39 +200,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print()
     print(
         report.table(
-            [
-                "clients",
-                "ok",
-                "errors",
-                "req/s",
-                "inputs/s",
-                "tokens/s",
-                "server cores",
-                "tok/s per core",
-                "cores for 1M",
-                "p50 ms",
-                "p99 ms",
-                "req/batch",
-                "machine busy",
-            ],
-            [
-                [
-                    r["concurrency"],
-                    r["ok"],
-                    sum(r["errors"].values()),
-                    r["requests_per_s"],
-                    r["inputs_per_s"],
-                    r["tokens_per_s"],
-                    r["server_cores_busy"],
-                    r["tokens_per_s_per_server_core"],
-                    r["server_cores_for_1m_tokens_per_s"] or float("nan"),
-                    r["latency_ms"]["p50"],
-                    r["latency_ms"]["p99"],
-                    r["mean_requests_per_batch"] or float("nan"),
-                    f"{100 * r['cpu'].get('machine_busy_share', 0):.0f}%",
-                ]
-                for r in rows
-            ],
+            [name for name, _ in COLUMNS], [[cell(r) for _, cell in COLUMNS] for r in rows]
         )
     )
     print(
