@@ -88,6 +88,7 @@ RUNTIMES: dict[str, str] = {
     "torch": "embedder.runtimes.torch_st:load",
     "onnx": "embedder.runtimes.onnx:load",
     "openvino": "embedder.runtimes.openvino:load",
+    "emulated": "embedder.runtimes.emulated:load",
 }
 
 
