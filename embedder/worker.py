@@ -14,9 +14,11 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from embedder import metrics
-from embedder.batching import DropReason, flush_delay, form_batch
+from embedder.adaptive import WaitController, flushed_full
+from embedder.batching import BatchLimits, BatchPlan, DropReason, flush_delay, form_batch
 from embedder.codecs import RequestLimits
 from embedder.errors import DeadlineExceeded, FlotillaError, InferenceFailed
 from embedder.execute import BatchReport, LoadedModel, run_batch
@@ -42,7 +44,11 @@ class Worker(Lifecycle):
         self.models = dict(models)
         self.request_limits = request_limits
         self.clock = clock
-        self.limits = {name: m.limits for name, m in self.models.items()}
+        self.limits: dict[str, BatchLimits] = {}
+        # Models with a latency target: their wait in self.limits comes from these.
+        self._steering: dict[str, WaitController] = {}
+        for name, m in self.models.items():
+            self._set_limits(name, m.limits)
         # Room for one batch being formed beside one waiting: the biggest budget, twice.
         self.capacity_tokens = 2 * max(m.limits.max_tokens for m in self.models.values())
         self._ready: asyncio.Queue[tuple[EmbedJob, ...]] = asyncio.Queue(maxsize=1)
@@ -79,14 +85,38 @@ class Worker(Lifecycle):
         """Serve one more model; the next pull asks for its jobs too."""
         name = model.spec.name
         self.models[name] = model
-        self.limits[name] = model.limits
+        self._set_limits(name, model.limits)
         self.capacity_tokens = max(self.capacity_tokens, 2 * model.limits.max_tokens)
+
+    # -- adaptive wait ----------------------------------------------------
+
+    def _set_limits(self, name: str, limits: BatchLimits) -> None:
+        if limits.latency_target_s is not None:
+            self._steering[name] = WaitController(limits.latency_target_s, limits.max_wait_s)
+        self.limits[name] = limits
+        self._steer(name)
+
+    def _steer(self, name: str) -> None:
+        """The model's limits take its controller's current wait (if it has one)."""
+        controller = self._steering.get(name)
+        if controller is not None:
+            self.limits[name] = replace(self.limits[name], max_wait_s=controller.wait_s)
+        metrics.BATCH_WAIT_SECONDS.labels(name).set(self.limits[name].max_wait_s)
+
+    def _note_formed(self, plan: BatchPlan) -> None:
+        controller = self._steering.get(plan.batch[0].model)
+        if controller is not None:
+            controller.formed(len(plan.batch), flushed_full(plan, self.limits))
 
     # -- forming ----------------------------------------------------------
 
     async def _form_loop(self) -> None:
         while True:
             now = self.clock()
+            if not self._pending:  # a lull: idle controllers relax their wait
+                for name, controller in self._steering.items():
+                    controller.idle(now)
+                    self._steer(name)
             delay = flush_delay(self._pending, self.limits, now)
             room = self.capacity_tokens - sum(job.est_tokens for job in self._pending)
             if delay > 0 and room > 0:
@@ -108,6 +138,7 @@ class Worker(Lifecycle):
                         job.id, DeadlineExceeded("the request's deadline passed while it waited")
                     )
             if plan.batch:
+                self._note_formed(plan)
                 await self._ready.put(plan.batch)
             self._forming = ()
 
@@ -141,6 +172,10 @@ class Worker(Lifecycle):
             metrics.BATCH_REQUESTS.labels(name).observe(len(report.outcomes))
             metrics.INFERENCE_SECONDS.labels(name).observe(report.inference_s)
             metrics.TOKENS.labels(name).inc(report.tokens)
+        if (controller := self._steering.get(name)) is not None:
+            now = self.clock()
+            controller.delivered((now - job.enqueued_at for job, _ in report.outcomes), now)
+            self._steer(name)
         for job, outcome in report.outcomes:
             outcome_label = type(outcome).__name__ if isinstance(outcome, FlotillaError) else "ok"
             metrics.JOBS.labels(name, outcome_label).inc()
