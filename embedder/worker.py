@@ -113,7 +113,9 @@ class Worker(Lifecycle):
     async def _form_loop(self) -> None:
         while True:
             now = self.clock()
-            if not self._pending:  # a lull: idle controllers relax their wait
+            # Nothing pending, formed or running: a lull, in which controllers relax. A long
+            # batch in flight is not one (its latencies are still to come).
+            if not (self._pending or self._forming or self._running or self._ready.qsize()):
                 for name, controller in self._steering.items():
                     controller.idle(now)
                     self._steer(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 from collections.abc import Sequence
 from itertools import pairwise
 from typing import Any
@@ -20,11 +21,13 @@ from embedder.codecs import RequestLimits
 from embedder.execute import LoadedModel
 from embedder.jobs import ApiShape, EmbedJob, JobResult
 from embedder.queue.inprocess import InProcessQueue
-from embedder.worker import Worker
+from embedder.runtimes import Encoded
+from embedder.worker import IDLE_POLL_S, Worker
 from tests.embedder.test_batching import job
 from tests.fakes import FakeRuntime, fake_fleet
 
 TARGET = 0.010
+WAIT_S = 5.0  # upper bound for anything a test awaits
 MAX_WAIT = 0.004
 SERVICE = 0.002  # what a batch costs in these plants
 GAINS = Gains()
@@ -363,3 +366,46 @@ async def test_a_model_without_target_keeps_its_fixed_wait() -> None:
         ]
     assert worker.limits["alpha"] == limits
     assert all(latency >= 0.009 for latency in latencies)
+
+
+class GatedRuntime(FakeRuntime):
+    """A forward pass that holds until the test opens the gate."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.inside = threading.Event()
+
+    def forward(self, encoded: Encoded, adapters: Sequence[str | None] | None = None) -> Any:
+        self.inside.set()
+        self.gate.wait(WAIT_S)
+        return super().forward(encoded, adapters)
+
+
+async def test_in_the_worker_a_lull_relaxes_the_wait_but_a_long_batch_in_flight_does_not() -> None:
+    spec = fake_fleet("alpha").models["alpha"]
+    runtime = GatedRuntime(spec)
+    limits = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.050, latency_target_s=0.2)
+    clock = FakeClock()
+    queue = InProcessQueue()
+    models = {"alpha": LoadedModel(spec, runtime, limits)}
+    async with Worker(queue, models, RequestLimits(), clock=clock) as worker:
+        for round_ in range(40):
+            await served_after(clock, await send(queue, clock, 4, f"group{round_}"))
+        grown = worker.limits["alpha"].max_wait_s
+        assert grown > 0.02
+        runtime.gate.clear()
+        runtime.inside.clear()
+        slow = await send(queue, clock, 1, "slow")
+        while not runtime.inside.is_set():  # the lone job waits its wait, then runs
+            await asyncio.sleep(0.001)
+            clock.now += 0.001
+        clock.now += 10.0  # ten seconds with a batch in flight and nothing else
+        await asyncio.sleep(3 * IDLE_POLL_S)
+        assert worker.limits["alpha"].max_wait_s == grown
+        runtime.gate.set()
+        await asyncio.wait_for(slow[0], WAIT_S)
+        clock.now += 10.0  # now truly idle: the wait relaxes toward 0
+        await asyncio.sleep(3 * IDLE_POLL_S)
+        assert worker.limits["alpha"].max_wait_s < grown * 1e-3
