@@ -19,16 +19,22 @@ different regimes, so it is gated by the last ``batches`` formed batches:
   full): a full batch is flushed at once and never waited, so its latency is
   queueing that no shorter wait removes. At saturation the wait thus stays
   where it is instead of collapsing to 0, and batches stay whole (flush-on-full
-  in ``batching.flush_delay`` still forms them the moment they fill).
+  in ``batching.flush_delay`` still forms them the moment they fill). When all
+  the clients fit one batch, the wait does go to 0 over target, which costs
+  nothing there: the next batch is whatever came back while the device ran.
 - Under target (e > 0), headroom is spent on waiting only as far as waiting
   gathers company: scaled by the share of batches with more than one request,
   while the lonely share pulls the wait down at ``lonely`` x target. One
   client alone pays the whole wait on every request and gains nothing, so its
-  wait goes to 0 and its p50 to single-request time, whatever the target.
-- Idle: ``idle(now)`` after ``idle_after_s`` without a delivery decays the
-  wait toward 0 (time constant ``idle_after_s``) and forgets the old window, so
-  the first request after a lull runs at once and stale latencies from an old
-  burst do not steer the next one.
+  wait goes to 0 and its p50 to single-request time, whatever the target. A
+  few clients that always arrive together do gain company, so their wait
+  grows until p50 meets the target or the wait meets max_wait: a target is a
+  budget the controller spends.
+- Idle: ``idle(now)`` (the worker calls it while nothing is pending, formed or
+  running) after ``idle_after_s`` without a delivery decays the wait toward 0
+  (time constant ``idle_after_s``) and forgets the old window, so the first
+  request after a lull runs at once and stale latencies from an old burst do
+  not steer the next one.
 
 Gains (``Gains``): the wait is in seconds and at low load p50 moves by at most
 the change of the wait (the median job waits some share of it), so the
