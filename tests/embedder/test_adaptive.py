@@ -9,6 +9,7 @@ import math
 import threading
 from collections.abc import Sequence
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,12 +20,14 @@ from embedder.adaptive import Gains, WaitController, flushed_full
 from embedder.batching import BatchLimits, form_batch
 from embedder.codecs import RequestLimits
 from embedder.execute import LoadedModel
+from embedder.fleet import Fleet
+from embedder.host import ModelHost
 from embedder.jobs import ApiShape, EmbedJob, JobResult
 from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import Encoded
 from embedder.worker import IDLE_POLL_S, Worker
 from tests.embedder.test_batching import job
-from tests.fakes import FakeRuntime, fake_fleet
+from tests.fakes import FakeLoader, FakeRuntime, fake_fleet
 
 TARGET = 0.010
 WAIT_S = 5.0  # upper bound for anything a test awaits
@@ -409,3 +412,23 @@ async def test_in_the_worker_a_lull_relaxes_the_wait_but_a_long_batch_in_flight_
         clock.now += 10.0  # now truly idle: the wait relaxes toward 0
         await asyncio.sleep(3 * IDLE_POLL_S)
         assert worker.limits["alpha"].max_wait_s < grown * 1e-3
+
+
+async def test_the_host_hands_the_profiles_latency_target_to_the_worker() -> None:
+    fleet = Fleet.model_validate(
+        {
+            "models": {
+                "alpha": {
+                    "source": {"path": str(Path(__file__).parent)},
+                    "profiles": {"cpu": {"max_wait_ms": 4, "latency_target_ms": 25}},
+                }
+            }
+        }
+    )
+    host = ModelHost(fleet, InProcessQueue(), RequestLimits(), device="cpu", loader=FakeLoader())
+    async with host:
+        await asyncio.wait_for(host.wait_ready(), WAIT_S)
+        assert host.loaded["alpha"].limits.latency_target_s == pytest.approx(0.025)
+        assert host.loaded["alpha"].limits.max_wait_s == pytest.approx(0.004)
+        assert host.worker is not None
+        assert host.worker.limits["alpha"].max_wait_s == 0.0  # a fresh controller: no wait yet
