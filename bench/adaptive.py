@@ -116,6 +116,7 @@ class Bench:
         self.model = model
         self.queue = InProcessQueue()
         self.worker = Worker(self.queue, {MODEL: replace(model, limits=limits)}, REQUEST_LIMITS)
+        self.corpus = corpus
         self.texts = itertools.cycle(corpus)
         self.samples = Samples()
 
@@ -153,8 +154,12 @@ class Bench:
         self.samples.waits_ms[phase].append(self.wait_ms)
 
     async def round(self, args: argparse.Namespace) -> None:
+        # Every phase starts at the same text for every configuration: the same length mix.
+        self.texts = itertools.cycle(self.corpus)
         await self.concurrent("moderate", 4, args.duration_s / 2)
+        self.texts = itertools.cycle(self.corpus)
         await self.paired(args.single)
+        self.texts = itertools.cycle(self.corpus)
         await self.concurrent("saturation", args.clients, args.duration_s)
 
 
