@@ -4,10 +4,11 @@ flushed_full; and the controller in a worker with a fake clock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -328,19 +329,27 @@ async def served_after(clock: FakeClock, futures: list[asyncio.Future[JobResult]
     raise AssertionError("jobs were not served")
 
 
-async def test_in_the_worker_one_client_stops_waiting_and_a_burst_still_fills_a_batch() -> None:
-    spec = fake_fleet("alpha").models["alpha"]
-    runtime = FakeRuntime(spec)
-    limits = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.050, latency_target_s=0.2)
+STEERED = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.050, latency_target_s=0.2)
+
+
+@contextlib.asynccontextmanager
+async def grown_wait(
+    runtime: FakeRuntime,
+) -> AsyncIterator[tuple[Worker, InProcessQueue, FakeClock]]:
+    """A steered worker after groups of four arrived together, well under target: waiting
+    paid, so its wait grew."""
     clock = FakeClock()
     queue = InProcessQueue()
-    worker = Worker(
-        queue, {"alpha": LoadedModel(spec, runtime, limits)}, RequestLimits(), clock=clock
-    )
-    async with worker:
-        # Groups of four arrive together, well under target: waiting pays, the wait grows.
+    models = {"alpha": LoadedModel(runtime.spec, runtime, STEERED)}
+    async with Worker(queue, models, RequestLimits(), clock=clock) as worker:
         for round_ in range(40):
             await served_after(clock, await send(queue, clock, 4, f"group{round_}"))
+        yield worker, queue, clock
+
+
+async def test_in_the_worker_one_client_stops_waiting_and_a_burst_still_fills_a_batch() -> None:
+    runtime = FakeRuntime(fake_fleet("alpha").models["alpha"])
+    async with grown_wait(runtime) as (worker, queue, clock):
         assert worker.limits["alpha"].max_wait_s == pytest.approx(0.050)
         # One client, one request at a time: it first waits the whole 50 ms, then no longer.
         latencies = [
@@ -387,15 +396,8 @@ class GatedRuntime(FakeRuntime):
 
 
 async def test_in_the_worker_a_lull_relaxes_the_wait_but_a_long_batch_in_flight_does_not() -> None:
-    spec = fake_fleet("alpha").models["alpha"]
-    runtime = GatedRuntime(spec)
-    limits = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.050, latency_target_s=0.2)
-    clock = FakeClock()
-    queue = InProcessQueue()
-    models = {"alpha": LoadedModel(spec, runtime, limits)}
-    async with Worker(queue, models, RequestLimits(), clock=clock) as worker:
-        for round_ in range(40):
-            await served_after(clock, await send(queue, clock, 4, f"group{round_}"))
+    runtime = GatedRuntime(fake_fleet("alpha").models["alpha"])
+    async with grown_wait(runtime) as (worker, queue, clock):
         grown = worker.limits["alpha"].max_wait_s
         assert grown > 0.02
         runtime.gate.clear()
