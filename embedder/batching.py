@@ -29,6 +29,9 @@ class BatchLimits:
     max_requests: int
     max_wait_s: float
     mix_adapters: bool = False
+    # None: always wait max_wait_s; else the worker steers the wait in [0, max_wait_s]
+    # toward this p50 latency (embedder.adaptive).
+    latency_target_s: float | None = None
 
 
 GroupKey = tuple[str, str | None, object]

@@ -100,6 +100,9 @@ class ModelHost(Lifecycle):
                 max_requests=profile.max_batch_requests,
                 max_wait_s=profile.max_wait_ms / 1e3,
                 mix_adapters=profile.mix_adapters,
+                latency_target_s=None
+                if profile.latency_target_ms is None
+                else profile.latency_target_ms / 1e3,
             )
             resident = ResidentAdapters(
                 profile.max_resident_adapters, runtime.load_adapter, runtime.unload_adapter

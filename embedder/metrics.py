@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -21,3 +21,9 @@ INFERENCE_SECONDS = Histogram(
 )
 TOKENS = Counter("flotilla_tokens", "Tokens embedded or scored (rate() gives tok/s).", ["model"])
 JOBS = Counter("flotilla_jobs", "Jobs finished by the worker, by outcome.", ["model", "outcome"])
+BATCH_WAIT_SECONDS = Gauge(
+    "flotilla_batch_wait_seconds",
+    "How long a partial batch waits for company now: max_wait, or where the model has a "
+    "latency target, the wait its controller steers toward it.",
+    ["model"],
+)

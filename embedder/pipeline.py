@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -97,8 +97,10 @@ class Pipeline:
         models: Mapping[str, LoadedModel],
         request_limits: RequestLimits,
         clock: Callable[[], float],
+        delivered: Callable[[str, Sequence[EmbedJob]], None] = lambda model, jobs: None,
     ) -> None:
         self.queue = queue
+        self.delivered = delivered  # told of each batch's jobs before they are completed
         self.models = models  # the worker's own dict: models it adds are seen here
         self.request_limits = request_limits
         self.clock = clock
@@ -235,6 +237,7 @@ class Pipeline:
             metrics.BATCH_REQUESTS.labels(name).observe(len(report.outcomes))
             metrics.INFERENCE_SECONDS.labels(name).observe(report.inference_s)
             metrics.TOKENS.labels(name).inc(report.tokens)
+        self.delivered(name, [job for job, _ in report.outcomes])
         for job, outcome in report.outcomes:
             outcome_label = type(outcome).__name__ if isinstance(outcome, FlotillaError) else "ok"
             metrics.JOBS.labels(name, outcome_label).inc()

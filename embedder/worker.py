@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from embedder import metrics
-from embedder.batching import DropReason, flush_delay, form_batch
+from embedder.adaptive import WaitController, flushed_full
+from embedder.batching import BatchLimits, BatchPlan, DropReason, flush_delay, form_batch
 from embedder.codecs import RequestLimits
 from embedder.errors import DeadlineExceeded
 from embedder.execute import LoadedModel
@@ -44,11 +46,15 @@ class Worker(Lifecycle):
         self.models = dict(models)
         self.request_limits = request_limits
         self.clock = clock
-        self.limits = {name: m.limits for name, m in self.models.items()}
+        self.limits: dict[str, BatchLimits] = {}
+        # Models with a latency target: their wait in self.limits comes from these.
+        self._steering: dict[str, WaitController] = {}
+        for name, m in self.models.items():
+            self._set_limits(name, m.limits)
         # Room for one batch being formed beside one waiting: the biggest budget, twice.
         self.capacity_tokens = 2 * max(m.limits.max_tokens for m in self.models.values())
         self._ready: asyncio.Queue[tuple[EmbedJob, ...]] = asyncio.Queue(maxsize=1)
-        self._pipeline = Pipeline(queue, self.models, request_limits, clock)
+        self._pipeline = Pipeline(queue, self.models, request_limits, clock, self._delivered)
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[EmbedJob] = []
         # Batches out of _pending but not delivered: stop() must fail these too.
@@ -80,14 +86,47 @@ class Worker(Lifecycle):
         """Serve one more model; the next pull asks for its jobs too."""
         name = model.spec.name
         self.models[name] = model
-        self.limits[name] = model.limits
+        self._set_limits(name, model.limits)
         self.capacity_tokens = max(self.capacity_tokens, 2 * model.limits.max_tokens)
+
+    # -- adaptive wait ----------------------------------------------------
+
+    def _set_limits(self, name: str, limits: BatchLimits) -> None:
+        if limits.latency_target_s is not None:
+            self._steering[name] = WaitController(limits.latency_target_s, limits.max_wait_s)
+        self.limits[name] = limits
+        self._steer(name)
+
+    def _steer(self, name: str) -> None:
+        """The model's limits take its controller's current wait (if it has one)."""
+        controller = self._steering.get(name)
+        if controller is not None:
+            self.limits[name] = replace(self.limits[name], max_wait_s=controller.wait_s)
+        metrics.BATCH_WAIT_SECONDS.labels(name).set(self.limits[name].max_wait_s)
+
+    def _delivered(self, name: str, jobs: Sequence[EmbedJob]) -> None:
+        """Each delivered job's latency as the worker sees it (enqueued to delivered)."""
+        if (controller := self._steering.get(name)) is not None:
+            now = self.clock()
+            controller.delivered((now - job.enqueued_at for job in jobs), now)
+            self._steer(name)
+
+    def _note_formed(self, plan: BatchPlan) -> None:
+        controller = self._steering.get(plan.batch[0].model)
+        if controller is not None:
+            controller.formed(len(plan.batch), flushed_full(plan, self.limits))
 
     # -- forming ----------------------------------------------------------
 
     async def _form_loop(self) -> None:
         while True:
             now = self.clock()
+            # Nothing pending, formed or running: a lull, in which controllers relax. A long
+            # batch in flight is not one (its latencies are still to come).
+            if not (self._pending or self._forming or self._pipeline.held() or self._ready.qsize()):
+                for name, controller in self._steering.items():
+                    controller.idle(now)
+                    self._steer(name)
             delay = flush_delay(self._pending, self.limits, now)
             room = self.capacity_tokens - sum(job.est_tokens for job in self._pending)
             if delay > 0 and room > 0:
@@ -109,5 +148,6 @@ class Worker(Lifecycle):
                         job.id, DeadlineExceeded("the request's deadline passed while it waited")
                     )
             if plan.batch:
+                self._note_formed(plan)
                 await self._ready.put(plan.batch)
             self._forming = ()

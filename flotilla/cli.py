@@ -275,6 +275,7 @@ for _name, _module, _help in (
         "Push vs pull: the cluster simulation; --real: real processes, a router against Kafka.",
     ),
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
+    ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 
