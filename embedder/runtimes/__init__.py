@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.fleet import DeviceKind, ModelSpec
+from embedder.fleet import DeviceKind, ModelSpec, Precision
 from embedder.jobs import TruncationSide
 
 
@@ -82,6 +82,16 @@ RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]
 # name -> "module:function"; imported lazily so the registry itself stays torch-free.
 RUNTIMES: dict[str, str] = {
     "torch": "embedder.runtimes.torch_st:load",
+}
+
+# name -> device kind -> the precisions it offers there: what `flotilla tune` tries. A
+# runtime that registers above registers here too; one that cannot load on this machine
+# (a missing package, a precision the CPU lacks) is skipped by the tuner with its reason.
+PRECISIONS: dict[str, dict[DeviceKind, tuple[Precision, ...]]] = {
+    "torch": {
+        "cpu": ("float32", "bfloat16", "bfloat16-autocast"),
+        "cuda": ("float32", "bfloat16", "float16"),
+    },
 }
 
 
