@@ -15,6 +15,10 @@ from numpy.typing import NDArray
 from embedder.fleet import DeviceKind, ModelSpec, Precision
 from embedder.jobs import TruncationSide
 
+# Every precision below fp32 keeps the worst cosine of its vectors to fp32's at least this
+# high (on calibration texts): `dtype: auto` at load and the tuner refuse what falls below.
+MIN_COSINE = 0.999
+
 
 @dataclass(frozen=True, slots=True)
 class Encoded:

@@ -2,18 +2,25 @@
 
 Inputs arrive tokenized; ``forward`` sorts them by length and runs passes of
 at most ``forward_tokens`` padded tokens, so mixed lengths waste little
-compute on padding. On CUDA it runs bf16 weights and, when flash-attn is
-installed, unpadded (varlen) attention. On CPU, bf16 means mixed precision:
-fp32 weights under ``torch.autocast``, so matmuls run in bf16 while layer
-norms, softmax, residuals and pooling stay fp32. Pure bf16 weights measured
-no faster here and lost accuracy (worst cosine 0.99985 against fp32 on German
-law text, autocast 0.99995). ``dtype: auto`` times fp32 against bf16 at load
-and keeps bf16 only when it is faster and accurate.
+compute on padding. On CUDA it runs the profile's dtype (bf16 by default) and,
+when flash-attn is installed, unpadded (varlen) attention.
+
+On CPU three precisions: ``float32``; ``bfloat16``, bf16 *weights* (every op in
+bf16, the fastest where the CPU has AVX512-BF16 or AMX: 2.75x fp32 for MiniLM on
+a Xeon with AMX); ``bfloat16-autocast``, fp32 weights under ``torch.autocast`` (matmuls
+in bf16; layer norms, softmax, residuals and pooling in fp32: closer to fp32,
+less faster). Which wins differs by CPU, so ``dtype: auto`` measures the three at
+load on mixed-length texts and keeps the fastest whose vectors stay within
+``MIN_COSINE`` of fp32 (and at least 10% faster than fp32); ``flotilla tune``
+searches more widely, ahead of time, with its own guard. No int8 here: torch's
+dynamic quantization measured a worst cosine of 0.85 (NOTES); ONNX Runtime and
+OpenVINO offer int8 under the tuner's retrieval guard.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import logging
 import os
@@ -27,9 +34,9 @@ from numpy.typing import NDArray
 
 from embedder.batching import micro_batches
 from embedder.errors import AdapterInvalid
-from embedder.fleet import DeviceKind, ModelSpec
+from embedder.fleet import DeviceKind, FleetError, ModelSpec
 from embedder.jobs import Task
-from embedder.runtimes import Encoded, RuntimeInfo
+from embedder.runtimes import MIN_COSINE, Encoded, RuntimeInfo
 from embedder.runtimes.lora import LoraSlots
 from embedder.runtimes.tokenizing import Tokenizing
 
@@ -37,7 +44,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POOLING_MODES = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
-MIN_COSINE = 0.9999  # a reduced-precision choice must keep vectors this close to fp32
+CPU_PRECISIONS = ("float32", "bfloat16", "bfloat16-autocast")
 CALIBRATION_TEXT = (
     "The quick brown fox jumps over the lazy dog while the committee reviews the annual "
     "budget. Researchers measured how quickly small language models answer questions about "
@@ -209,62 +216,106 @@ def _cross_encoder(
     return model, ce.tokenizer, max_tokens
 
 
-def _choose_cpu_autocast(runtime: TorchRuntime) -> torch.dtype | None:
-    """Time fp32 and bf16 autocast on the same mixed-length texts; keep bf16 only when
-    it is faster and its outputs stay within MIN_COSINE of fp32."""
-    if not cpu_has_bf16():
-        return None
+def _calibration_texts() -> list[str]:
     words = CALIBRATION_TEXT.split()
-    texts = [" ".join(words[(i * 5) % 40 : (i * 5) % 40 + 4 + (i * 7) % 60]) for i in range(32)]
-    if runtime.cross:
-        encoded = runtime.tokenize_pairs(texts[0], texts, "right")
-    else:
-        encoded = runtime.tokenize(texts, "right")
+    return [" ".join(words[(i * 5) % 40 : (i * 5) % 40 + 4 + (i * 7) % 60]) for i in range(32)]
 
-    def timed(autocast: torch.dtype | None) -> tuple[float, NDArray[np.float32]]:
-        runtime.autocast = autocast
+
+def _worst_agreement(
+    runtime: TorchRuntime, got: NDArray[np.float32], want: NDArray[np.float32]
+) -> float:
+    """Worst cosine to the fp32 vectors; for cross-encoders 1 - the worst score error
+    relative to the largest score."""
+    if runtime.cross:
+        scale = float(np.abs(want).max()) + 1e-6
+        return 1.0 - float(np.abs(got - want).max()) / scale
+    a = want / np.linalg.norm(want, axis=1, keepdims=True)
+    b = got / np.linalg.norm(got, axis=1, keepdims=True)
+    return float((a * b).sum(axis=1).min())
+
+
+def _choose_cpu_precision(fp32: TorchRuntime, bf16: TorchRuntime | None) -> TorchRuntime:
+    """Time fp32, bf16 autocast and bf16 weights (``bf16``: the same model, cast) on the
+    same mixed-length texts; keep the fastest that is at least 10% faster than fp32 and
+    stays within MIN_COSINE of it, else fp32."""
+    texts = _calibration_texts()
+
+    def encoded(runtime: TorchRuntime) -> Encoded:
+        if runtime.cross:
+            return runtime.tokenize_pairs(texts[0], texts, "right")
+        return runtime.tokenize(texts, "right")
+
+    inputs = encoded(fp32)
+    autocast = copy.copy(fp32)  # the same weights, bf16 matmuls
+    autocast.autocast = torch.bfloat16
+    candidates = {"float32": fp32, "bfloat16-autocast": autocast}
+    if bf16 is not None:
+        candidates["bfloat16"] = bf16
+
+    def timed(runtime: TorchRuntime) -> tuple[float, NDArray[np.float32]]:
         start = time.perf_counter()
-        out = runtime.forward(encoded)
+        out = runtime.forward(inputs)
         return time.perf_counter() - start, out
 
-    for autocast in (None, torch.bfloat16):  # warm up kernels for these shapes
-        timed(autocast)
-    # Interleaved, best of five: a busy machine slows both sides, but in bursts. On a
-    # shared 2-core CPU, best of three still chose fp32 in 2 of 12 busy calibrations.
-    runs = [(timed(None), timed(torch.bfloat16)) for _ in range(5)]
-    fp32_s, fp32_out = min(run[0][0] for run in runs), runs[0][0][1]
-    bf16_s, bf16_out = min(run[1][0] for run in runs), runs[0][1][1]
-    if runtime.cross:
-        scale = float(np.abs(fp32_out).max()) + 1e-6
-        ok = bool(np.allclose(bf16_out, fp32_out, atol=0.01 * scale))
-        cosine = float("nan")
-    else:
-        a = fp32_out / np.linalg.norm(fp32_out, axis=1, keepdims=True)
-        b = bf16_out / np.linalg.norm(bf16_out, axis=1, keepdims=True)
-        cosine = float((a * b).sum(axis=1).min())
-        ok = cosine >= MIN_COSINE
-    choice = torch.bfloat16 if ok and bf16_s < fp32_s * 0.9 else None
+    for runtime in candidates.values():  # warm up kernels for these shapes
+        timed(runtime)
+    # Interleaved, best of five: a busy machine slows every candidate, but in bursts. On a
+    # shared 2-core CPU, best of three still chose wrongly in 2 of 12 busy calibrations.
+    best: dict[str, float] = dict.fromkeys(candidates, float("inf"))
+    outputs: dict[str, NDArray[np.float32]] = {}
+    for _ in range(5):
+        for name, runtime in candidates.items():
+            seconds, out = timed(runtime)
+            best[name] = min(best[name], seconds)
+            outputs.setdefault(name, out)
+    agreement = {name: _worst_agreement(fp32, outputs[name], outputs["float32"]) for name in best}
+    eligible = [
+        name
+        for name in candidates
+        if name == "float32"
+        or (agreement[name] >= MIN_COSINE and best[name] < 0.9 * best["float32"])
+    ]
+    choice = min(eligible, key=lambda name: best[name])
     log.info(
-        "%s: fp32 %.1f ms, bf16 autocast %.1f ms (worst cosine %.6f) -> %s",
-        runtime.spec.name,
-        fp32_s * 1e3,
-        bf16_s * 1e3,
-        cosine,
-        "bf16 autocast" if choice else "fp32",
+        "%s: %s -> %s",
+        fp32.spec.name,
+        ", ".join(
+            f"{name} {best[name] * 1e3:.1f} ms (worst cosine {agreement[name]:.6f})"
+            for name in candidates
+        ),
+        choice,
     )
-    runtime.autocast = choice
-    return choice
+    return candidates[choice]
+
+
+def _check_precision(spec: ModelSpec, device: torch.device, wanted: str) -> None:
+    if wanted == "int8":
+        raise FleetError(
+            f"model {spec.name!r}: the torch runtime has no int8 (torch's dynamic quantization "
+            "moved vectors to a cosine of 0.85): use runtime onnx or openvino for int8, or a "
+            "float dtype"
+        )
+    if wanted == "float16" and device.type != "cuda":
+        raise FleetError(
+            f"model {spec.name!r}: float16 runs on CUDA; on a CPU use bfloat16, "
+            "bfloat16-autocast or float32"
+        )
 
 
 def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
+    profile = spec.profile(device_kind)
+    threads = profile.threads or threads
     if device_kind == "cpu" and threads > 0:
         torch.set_num_threads(threads)
     device = torch.device("cuda" if device_kind == "cuda" else "cpu")
-    wanted = spec.profile(device_kind).dtype
+    wanted = profile.dtype
+    _check_precision(spec, device, wanted)
+    autocast = torch.bfloat16 if wanted == "bfloat16-autocast" else None
     model_kwargs: dict[str, object] = {}
     if device.type == "cuda":
-        model_kwargs["dtype"] = DTYPES["bfloat16" if wanted == "auto" else wanted]
+        weights = "bfloat16" if wanted == "auto" else wanted
+        model_kwargs["dtype"] = DTYPES["float32" if autocast else weights]
         if importlib.util.find_spec("flash_attn") is not None:
             model_kwargs["attn_implementation"] = "flash_attention_2"
         else:
@@ -275,20 +326,28 @@ def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime
         dimension = None
     else:
         module, tokenizer, dimension, max_tokens = _bi_encoder(spec, device, model_kwargs)
-    runtime = TorchRuntime(
-        spec,
-        module,
-        tokenizer,
-        device=device,
-        cross=cross,
-        dimension=dimension,
-        max_tokens=max_tokens,
-    )
-    if device.type == "cpu":
-        # Weights stay fp32 on CPU; reduced precision is autocast (see the module doc).
-        runtime.module = runtime.module.float()
-        if wanted == "auto":
-            _choose_cpu_autocast(runtime)
-        elif wanted != "float32":
-            runtime.autocast = DTYPES[wanted]
-    return runtime
+
+    def runtime(module: torch.nn.Module, autocast: torch.dtype | None = None) -> TorchRuntime:
+        made = TorchRuntime(
+            spec,
+            module,
+            tokenizer,
+            device=device,
+            cross=cross,
+            dimension=dimension,
+            max_tokens=max_tokens,
+        )
+        made.autocast = autocast
+        return made
+
+    if device.type == "cuda":
+        return runtime(module, autocast)
+    module = module.float()  # the folder may hold another dtype; the reference is fp32
+    if wanted == "bfloat16":
+        return runtime(module.to(torch.bfloat16))
+    if wanted != "auto":
+        return runtime(module, autocast)
+    if not cpu_has_bf16():
+        return runtime(module)
+    # A cast copy: casting back would not restore the fp32 weights the others need.
+    return _choose_cpu_precision(runtime(module), runtime(copy.deepcopy(module).to(torch.bfloat16)))
