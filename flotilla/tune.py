@@ -126,14 +126,18 @@ def _trial_row(t: Trial) -> dict[str, Any]:
 def table(outcome: Outcome) -> Table:
     fp32 = outcome.reference.tokens_per_s or 1.0
     out = Table(title=f"{outcome.model}: every candidate (x: against torch fp32)")
-    for column in ("stage", "candidate", "tok/s", "x", "worst cos", "nDCG@10", "verdict"):
-        out.add_column(column, justify="right" if column in ("tok/s", "x") else "left")
+    columns = ("stage", "runtime/dtype", "pass", "batch", "threads", "tok/s", "x", "worst cos")
+    for column in (*columns, "nDCG@10", "verdict"):
+        out.add_column(column, justify="right" if column in columns[2:] else "left")
     for t in outcome.trials:
         row = _trial_row(t)
         mark = "[bold green]chosen[/]" if t is outcome.chosen else ("ok" if t.passed else "")
         out.add_row(
             t.stage,
-            t.candidate.label,
+            f"{t.candidate.runtime}/{t.candidate.dtype}",
+            f"{t.candidate.forward_tokens}x{t.candidate.forward_max_sequences}",
+            str(t.candidate.max_batch_tokens),
+            str(t.candidate.threads),
             f"{t.tokens_per_s:,.0f}" if t.tokens_per_s else "-",
             f"{(t.tokens_per_s or 0) / fp32:.2f}" if t.tokens_per_s else "-",
             f"{row['worst_cosine']:.5f}" if row["worst_cosine"] is not None else "-",
@@ -242,7 +246,7 @@ def tune(
                 progress=RichProgress(bar, spec.name),
             ).run()
         outcomes.append(outcome)
-        Console().print(table(outcome))
+        Console(width=None if sys.stdout.isatty() else 160).print(table(outcome))
         stem = results / re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{spec.name}-{fp}")
         made = entry(outcome, cal.note, command)
         report = {

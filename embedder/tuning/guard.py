@@ -15,8 +15,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from embedder.fleet import Precision
+from embedder.runtimes import MIN_COSINE
 
-MIN_COSINE = 0.999
 MAX_NDCG_DROP = 0.005
 # Precisions whose rounding is coarse enough that cosine alone does not vouch for them.
 BELOW_BF16: frozenset[Precision] = frozenset({"int8"})

@@ -180,8 +180,9 @@ class Search:
         c = trial.candidate
         if (c.runtime, c.dtype) == REFERENCE and self.reference_out is None:
             self.reference_out = out
-        if self.reference_out is None:
-            raise TuneError("the torch fp32 reference must be measured first")
+        if self.reference_out is None:  # the reference failed: run() says so
+            trial.error = "no torch fp32 reference to compare with"
+            return
         try:
             cosine = worst_cosine(self.reference_out, out)
         except ValueError as exc:
@@ -234,7 +235,8 @@ class Search:
                 t.candidate.but(max_batch_tokens=m)
                 for t in shaped
                 for m in sorted({*self.plan.batch_tokens, t.candidate.max_batch_tokens})
-                if m >= t.candidate.forward_tokens // 2  # smaller only cuts passes short
+                # A budget far below a pass only cuts passes short; the shape's own stays.
+                if m >= t.candidate.forward_tokens // 2 or m == t.candidate.max_batch_tokens
             ]
             winner = self._best(self._stage("batch budget", budgets), lambda c: c.max_batch_tokens)
             counts = thread_counts(self.plan, self.cores)
