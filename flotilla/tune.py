@@ -124,8 +124,14 @@ def _trial_row(t: Trial) -> dict[str, Any]:
 
 
 def table(outcome: Outcome) -> Table:
-    fp32 = outcome.reference.tokens_per_s or 1.0
-    out = Table(title=f"{outcome.model}: every candidate (x: against torch fp32)")
+    """Every candidate; x is against torch fp32 timed in the same stage's rounds (the
+    first and the last stage time it), so a machine's drifting load cancels out."""
+    fp32 = {
+        t.stage: t.tokens_per_s
+        for t in outcome.trials
+        if t.candidate == outcome.reference.candidate
+    }
+    out = Table(title=f"{outcome.model}: every candidate (x: against torch fp32, same stage)")
     columns = ("stage", "runtime/dtype", "pass", "batch", "threads", "tok/s", "x", "worst cos")
     for column in (*columns, "nDCG@10", "verdict"):
         out.add_column(column, justify="right" if column in columns[2:] else "left")
@@ -139,7 +145,9 @@ def table(outcome: Outcome) -> Table:
             str(t.candidate.max_batch_tokens),
             str(t.candidate.threads),
             f"{t.tokens_per_s:,.0f}" if t.tokens_per_s else "-",
-            f"{(t.tokens_per_s or 0) / fp32:.2f}" if t.tokens_per_s else "-",
+            f"{t.tokens_per_s / base:.2f}"
+            if t.tokens_per_s and (base := fp32.get(t.stage))
+            else "-",
             f"{row['worst_cosine']:.5f}" if row["worst_cosine"] is not None else "-",
             f"{row['ndcg_at_10']:.4f}" if row["ndcg_at_10"] is not None else "-",
             mark or f"[red]refused: {t.refused}[/]",
@@ -192,7 +200,7 @@ def entry(outcome: Outcome, note: str, command: str) -> TunedEntry:
             worst_cosine=round(c.verdict.worst_cosine if c.verdict else 0.0, 6),
             ndcg_at_10=c.verdict.ndcg if c.verdict else None,
             ndcg_at_10_fp32=outcome.ndcg_fp32,
-            fp32_tokens_per_s=round(outcome.reference.tokens_per_s or 0.0, 1),
+            fp32_tokens_per_s=round(outcome.fp32.tokens_per_s or 0.0, 1),
             runner_up={**up.candidate.fields(), "tokens_per_s": round(up.tokens_per_s or 0, 1)}
             if up is not None
             else None,

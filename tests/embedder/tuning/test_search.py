@@ -164,6 +164,9 @@ def test_int8_that_keeps_ranking_passes_and_every_stage_runs(
         t.candidate.max_batch_tokens for t in outcome.trials if t.stage == "batch budget"
     )
     assert ("fake", "int8", 1) in loads  # each thread count loaded with its own threads
+    # fp32 is timed again in the last stage's rounds, for the speed-up that is recorded.
+    assert outcome.fp32.stage == "threads" and outcome.fp32.candidate.dtype == "float32"
+    assert outcome.chosen.candidate.dtype == "int8"  # fp32 timed there, never chosen
 
 
 @pytest.mark.usefixtures("registry")
