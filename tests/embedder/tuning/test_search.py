@@ -185,3 +185,21 @@ def test_a_broken_reference_stops_the_search(monkeypatch: pytest.MonkeyPatch) ->
     tuner, _ = search(broken, monkeypatch)
     with pytest.raises(TuneError, match="reference failed"):
         tuner.run()
+
+
+@pytest.mark.usefixtures("registry")
+def test_the_report_table_and_the_tuned_entry_render(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    from flotilla.tune import entry, table
+
+    tuner, _ = search(BEHAVIOURS, monkeypatch)
+    outcome = tuner.run()
+    console = Console(width=200, record=True)
+    console.print(table(outcome))
+    text = console.export_text()
+    assert "chosen" in text and "refused: worst cosine" in text and "refused: nDCG@10" in text
+    made = entry(outcome, "fake texts", "flotilla tune m")
+    assert made.profile == outcome.chosen.candidate.fields()
+    assert made.measured.fp32_tokens_per_s == round(outcome.fp32.tokens_per_s or 0, 1)
+    assert made.measured.runner_up is not None
