@@ -5,12 +5,13 @@ same thread count. Measured, per method, from strings to vectors:
 
 - ``st-fp32``: ``SentenceTransformer(path).encode(texts, batch_size=32)``, its
   defaults (fp32; it sorts each call's texts by length and pads per batch);
-- ``flotilla``: ``load_runtime(spec, "cpu", threads)`` with the fleet's cpu
-  profile (``dtype: auto`` picks bf16 autocast or fp32 at load), ``tokenize`` then
-  ``forward`` (length-sorted passes of at most ``forward_tokens`` padded tokens);
-- ablations: the flotilla runtime forced to fp32 (what sorting into token-budget
-  passes buys alone) and forced to bf16 (what the precision buys); optionally
-  ST.encode with its model cast to bf16 (``--with-st-bf16``).
+- ``flotilla``: ``load_runtime(spec, device, threads)`` with the fleet's profile
+  for the device (``dtype: auto`` picks bf16 autocast or fp32 at load), ``tokenize``
+  then ``forward`` (length-sorted passes of at most ``forward_tokens`` padded tokens);
+- ``st-bf16``: ST.encode with its model cast to bf16, the in-process ceiling;
+- ``RUNTIME-DTYPE``: every registered runtime at every precision it offers
+  (``bench.candidates``; one that refuses to load is skipped with its reason),
+  ``profile`` (``--profile FILE``) and ``tuned`` (the tuned profile, if any).
 
 Tokens are real tokens: ``[CLS]``/``[SEP]`` included, padding excluded, each
 input counted after truncation to the model's limit (256), the same count for
@@ -20,24 +21,33 @@ a shared machine hits all methods alike. Reported: the median over
 repetitions of tokens/s, and the median of per-chunk paired speed-ups against
 ST. Accuracy: cosine of each method's normalized vectors to ST's fp32 vectors.
 
-    python -m bench.engine [--n-texts 800] [--reps 3] [--threads N]
+    python -m bench.engine [--n-texts 800] [--reps 3] [--threads N] [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from bench import report, texts
-from embedder.fleet import ModelSpec, Profile, load_fleet
+from bench.candidates import (
+    load_each,
+    profile_candidate,
+    runtime_candidates,
+    tuned_candidate,
+    with_profile,
+)
+from embedder.fleet import DeviceKind, ModelSpec, Profile, load_fleet
 from embedder.runtimes import Runtime, load_runtime
 
 Vectors = NDArray[np.float32]
@@ -93,10 +103,46 @@ def _precision(dtype: str) -> str:
     return "bfloat16" if dtype.startswith("bfloat16") else dtype
 
 
-def with_profile(spec: ModelSpec, **changes: object) -> ModelSpec:
-    """``spec`` with its cpu profile changed; the cuda profile is left alone."""
-    cpu = spec.profile("cpu").model_copy(update=changes)
-    return spec.model_copy(update={"profiles": {**spec.profiles, "cpu": cpu}})
+def candidate_methods(
+    spec: ModelSpec, device: DeviceKind, args: argparse.Namespace, default: tuple[str, str]
+) -> tuple[list[Method], list[tuple[str, str]]]:
+    """Every runtime x precision (from the registries), the ``--profile`` file and the
+    tuned profile, each loaded; one that refuses to load is skipped with its reason. A
+    candidate that loads as the default's (runtime, dtype) is marked ``= flotilla``."""
+    from embedder.runtimes import RUNTIMES
+
+    candidates = runtime_candidates(spec, device, RUNTIMES, only=args.runtimes)
+    if args.profile is not None:
+        candidates.append(profile_candidate(spec, device, args.profile))
+    tuned = tuned_candidate(spec, device)
+    if isinstance(tuned, str):
+        unloaded = [("tuned", tuned)]
+    else:
+        candidates.append(tuned)
+        unloaded = []
+    loaded, skipped = load_each(
+        candidates, lambda candidate: load_runtime(candidate, device, args.threads)
+    )
+    skipped = unloaded + skipped
+    for key, reason in skipped:
+        print(f"skipping {key}: {reason}")
+    methods: list[Method] = []
+    for candidate, runtime in loaded:
+        same = (candidate.spec.profile(device).runtime, runtime.info.dtype) == default
+        if same and candidate.key not in ("profile", "tuned"):
+            # The default profile already runs this configuration: one row, not two runs.
+            methods.append(
+                Method(
+                    candidate.key, candidate.label, runtime.info.dtype, _unused, same_as="flotilla"
+                )
+            )
+        else:
+            methods.append(flotilla_method(candidate.key, candidate.label, runtime))
+    return methods, skipped
+
+
+def _unused(batch: Sequence[str]) -> Vectors:
+    raise AssertionError("a row marked same_as is never run")
 
 
 def padded_tokens_st(lengths: Sequence[int], text_lengths: Sequence[int], batch_size: int) -> int:
@@ -223,10 +269,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--forward-max-sequences", type=int, default=None, help="override the cpu profile's knob"
     )
     parser.add_argument(
-        "--with-st-bf16", action="store_true", help="add ST.encode with its model cast to bf16"
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where every method runs"
     )
     parser.add_argument(
-        "--no-ablation", action="store_true", help="only ST.encode and flotilla's default"
+        "--profile",
+        type=Path,
+        default=None,
+        help="a YAML or JSON file of profile fields: a row running them over the fleet's profile",
+    )
+    parser.add_argument(
+        "--runtimes",
+        type=lambda v: [r for r in v.split(",") if r],
+        default=None,
+        help="comma-separated runtimes for the runtime x precision rows (default: every one "
+        "registered)",
+    )
+    parser.add_argument(
+        "--no-ablation",
+        action="store_true",
+        help="only ST.encode and flotilla's default: no st-bf16, runtime, profile or tuned rows",
     )
     parser.add_argument(
         "--wait-quiet-s",
@@ -249,6 +310,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from embedder.runtimes.torch_st import cpu_has_bf16
 
     torch.set_num_threads(args.threads)
+    device: DeviceKind = args.device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     fleet = load_fleet()
     spec = fleet.get(fleet.default_model)
     knobs: dict[str, object] = {}
@@ -256,43 +320,45 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         knobs["forward_tokens"] = args.forward_tokens
     if args.forward_max_sequences is not None:
         knobs["forward_max_sequences"] = args.forward_max_sequences
-    spec = with_profile(spec, **knobs) if knobs else spec
-    profile = spec.profile("cpu")
+    spec = with_profile(spec, device, **knobs) if knobs else spec
+    profile = spec.profile(device)
     path = str(spec.source.resolve())
 
     corpus = texts.build(args.n_texts, args.seed)
     warmup = texts.build(args.warmup_texts, args.seed + 7).texts
 
     print(f"loading {spec.name} from {path} ({args.threads} threads)")
-    st = SentenceTransformer(path, device="cpu")
-    runtime = load_runtime(spec, "cpu", args.threads)
+    st = SentenceTransformer(path, device=device)
+    runtime = load_runtime(spec, device, args.threads)
     max_tokens = runtime.info.max_tokens
     if st.max_seq_length != max_tokens:
         raise SystemExit(f"ST truncates at {st.max_seq_length}, flotilla at {max_tokens}")
     default_dtype = runtime.info.dtype
-    auto = spec.profile("cpu").dtype == "auto"
-    if auto and _precision(default_dtype) == "float32" and cpu_has_bf16():
+    auto = profile.dtype == "auto"
+    if device == "cpu" and auto and _precision(default_dtype) == "float32" and cpu_has_bf16():
         print("note: dtype auto chose fp32 on a CPU with native bf16: a busy machine?")
     methods = [
         st_method("st-fp32", "SentenceTransformer.encode (fp32)", st, args.batch_size, "float32"),
-        flotilla_method("flotilla", f"flotilla default profile (auto -> {default_dtype})", runtime),
+        flotilla_method(
+            "flotilla", f"flotilla default profile ({profile.runtime}, {default_dtype})", runtime
+        ),
     ]
     ablations: list[Method] = []
+    skipped_rows: list[tuple[str, str]] = []
     if not args.no_ablation:
-        for dtype, key in (("float32", "flotilla-fp32"), ("bfloat16", "flotilla-bf16")):
-            label = f"flotilla forced {dtype}"
-            if _precision(dtype) == _precision(default_dtype):
-                ablations.append(Method(key, label, dtype, methods[1].encode, same_as="flotilla"))
-            elif dtype == "bfloat16" and not cpu_has_bf16():
-                print("skipping the bf16 ablation: this CPU has no native bf16")
-            else:
-                forced = load_runtime(with_profile(spec, dtype=dtype), "cpu", args.threads)
-                ablations.append(flotilla_method(key, label, forced))
-    if args.with_st_bf16:
-        st16 = SentenceTransformer(path, device="cpu").to(torch.bfloat16)
         ablations.append(
-            st_method("st-bf16", "ST.encode, model cast to bf16", st16, args.batch_size, "bfloat16")
+            st_method(
+                "st-bf16",
+                "ST.encode, model cast to bf16 (the in-process ceiling)",
+                SentenceTransformer(path, device=device).to(torch.bfloat16),
+                args.batch_size,
+                "bfloat16",
+            )
         )
+        rows_of, skipped_rows = candidate_methods(
+            spec, device, args, (profile.runtime, default_dtype)
+        )
+        ablations += rows_of
     torch.set_num_threads(args.threads)  # loading may have changed it
     run = [m for m in (*methods, *ablations) if m.same_as is None]
 
@@ -392,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "benchmark": "engine",
         "model": spec.name,
         "machine": report.machine(args.threads),
-        "args": vars(args),
+        "args": json.loads(json.dumps(vars(args), default=str)),  # a --profile path: as text
         "profile": profile.model_dump(),
         "corpus": {
             "texts": len(corpus.texts),
@@ -404,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "padding": padding,
         "cpu_during_measurement": cpu,
         "rows": rows,
+        "skipped_rows": [{"method": key, "reason": reason} for key, reason in skipped_rows],
         "verdict": verdict,
     }
 

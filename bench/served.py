@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import gc
-import itertools
 import json
 import math
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections import Counter
+import typing
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,83 +43,18 @@ import yaml
 from numpy.typing import NDArray
 
 from bench import report, texts
-from embedder.fleet import ModelSpec
-
-HOST = "127.0.0.1"  # the load generator never targets anything else
-MAX_INPUTS = 8
-
-
-@dataclass
-class Level:
-    concurrency: int
-    elapsed_s: float = 0.0
-    sent: int = 0
-    ok: int = 0
-    tokens: int = 0
-    latencies_s: list[float] = field(default_factory=list)
-    queue_ms: list[float] = field(default_factory=list)
-    inference_ms: list[float] = field(default_factory=list)
-    errors: Counter[str] = field(default_factory=Counter)
-    token_mismatches: int = 0
-    batches: float = 0.0  # what the worker ran meanwhile, from /metrics
-    batch_requests: float = 0.0
-    batch_tokens: float = 0.0
-    cpu: dict[str, float] = field(default_factory=dict)
-
-    def summary(self, ceiling: float) -> dict[str, Any]:
-        ms = [s * 1e3 for s in self.latencies_s]
-        rate = self.tokens / self.elapsed_s if self.elapsed_s else 0.0
-        return {
-            "concurrency": self.concurrency,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "requests": self.sent,
-            "ok": self.ok,
-            "errors": dict(self.errors),
-            "requests_per_s": self.ok / self.elapsed_s if self.elapsed_s else 0.0,
-            "tokens_per_s": rate,
-            "share_of_engine_ceiling": rate / ceiling if ceiling else None,
-            "latency_ms": {
-                "p50": report.percentile(ms, 50),
-                "p90": report.percentile(ms, 90),
-                "p99": report.percentile(ms, 99),
-                "max": max(ms) if ms else float("nan"),
-            },
-            "server_queue_ms_p50": report.percentile(self.queue_ms, 50),
-            "server_inference_ms_p50": report.percentile(self.inference_ms, 50),
-            "token_count_mismatches": self.token_mismatches,
-            "batches": self.batches,
-            "mean_requests_per_batch": self.batch_requests / self.batches if self.batches else None,
-            "mean_tokens_per_batch": self.batch_tokens / self.batches if self.batches else None,
-            "cpu": self.cpu,
-        }
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The requests, built once: bodies and the tokens each should report."""
-
-    bodies: list[bytes]
-    texts: list[list[str]]
-    tokens: list[int]  # what usage.prompt_tokens should say: inputs cut to the model's limit
-
-
-def plan_requests(
-    corpus: texts.Corpus, model: str, max_tokens: int, count: int, seed: int, encoding: str
-) -> Plan:
-    rng = random.Random(seed)
-    cursor = itertools.cycle(range(len(corpus.texts)))
-    bodies: list[bytes] = []
-    inputs: list[list[str]] = []
-    tokens: list[int] = []
-    for _ in range(count):
-        picked = [next(cursor) for _ in range(rng.randint(1, MAX_INPUTS))]
-        texts_ = [corpus.texts[i] for i in picked]
-        body = {"model": model, "input": texts_, "encoding_format": encoding}
-        bodies.append(json.dumps(body).encode())
-        inputs.append(texts_)
-        tokens.append(sum(min(corpus.lengths[i], max_tokens) for i in picked))
-    return Plan(bodies, inputs, tokens)
-
+from bench.candidates import read_profile_file, with_profile
+from bench.load import HOST as HOST
+from bench.load import MAX_INPUTS as MAX_INPUTS
+from bench.load import Level as Level
+from bench.load import Plan as Plan
+from bench.load import batch_counters as batch_counters
+from bench.load import check_vectors as check_vectors
+from bench.load import free_port as free_port
+from bench.load import plan_requests as plan_requests
+from bench.load import run_level as run_level
+from bench.peers import options, side_by_side
+from embedder.fleet import DeviceKind, ModelSpec, Precision
 
 # -- the engine ceiling ------------------------------------------------------
 
@@ -160,20 +91,19 @@ def server_batches(
     return batches
 
 
-def engine_ceiling(plan: Plan, threads: int, reps: int, min_tokens: int) -> Ceiling:
+def engine_ceiling(
+    spec: ModelSpec, device: DeviceKind, plan: Plan, threads: int, reps: int, min_tokens: int
+) -> Ceiling:
     """Tokenize + forward in this process, no server running, over the planned
     requests grouped into full server-sized batches (median of ``reps``); also
-    the same texts in one call."""
+    the same texts in one call. ``spec`` carries the profile the server runs."""
     import torch
 
-    from embedder.fleet import load_fleet
     from embedder.runtimes import load_runtime
     from flotilla.settings import Settings
 
-    fleet = load_fleet()
-    spec = fleet.get(fleet.default_model)
-    profile = spec.profile("cpu")
-    runtime = load_runtime(spec, "cpu", threads)
+    profile = spec.profile(device)
+    runtime = load_runtime(spec, device, threads)
     torch.set_num_threads(threads)
     grouped = server_batches(
         plan, profile.max_batch_tokens, profile.max_batch_requests, Settings().bytes_per_token
@@ -215,16 +145,14 @@ def engine_ceiling(plan: Plan, threads: int, reps: int, min_tokens: int) -> Ceil
 # -- the server --------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def server(
-    port: int, threads: int, log_path: Path, ready_timeout_s: float, fleet: Path | None = None
+    port: int,
+    threads: int,
+    log_path: Path,
+    ready_timeout_s: float,
+    fleet: Path | None = None,
+    device: str = "auto",
 ) -> Iterator[int]:
     """``flotilla serve`` in a subprocess; yields its pid once /ready answers 200."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
@@ -241,6 +169,8 @@ def server(
         str(threads),
         "--log-level",
         "warning",
+        "--device",
+        device,
         *(["--fleet", str(fleet)] if fleet is not None else []),
     ]
     with open(log_path, "wb") as log:
@@ -279,95 +209,6 @@ async def _wait_ready(
                         return
             await asyncio.sleep(0.25)
     raise SystemExit(f"the server was not ready within {timeout_s:.0f} s; see {log_path}")
-
-
-# -- the load generator ------------------------------------------------------
-
-
-async def run_level(
-    session: aiohttp.ClientSession,
-    url: str,
-    plan: Plan,
-    level: Level,
-    duration_s: float,
-    max_requests: int,
-    offset: int,
-) -> None:
-    """``level.concurrency`` closed-loop clients; no request starts after ``duration_s``
-    or beyond ``max_requests``; the level ends when the last reply is in."""
-    counter = itertools.count()
-    start = time.perf_counter()
-    stop_at = start + duration_s
-
-    async def client() -> None:
-        while time.perf_counter() < stop_at:
-            n = next(counter)
-            if n >= max_requests:
-                return
-            i = (offset + n) % len(plan.bodies)
-            level.sent += 1
-            sent_at = time.perf_counter()
-            try:
-                async with session.post(
-                    url, data=plan.bodies[i], headers={"content-type": "application/json"}
-                ) as response:
-                    payload = await response.read()
-                    status = response.status
-                    headers = response.headers
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                level.errors[type(exc).__name__] += 1
-                continue
-            if status != 200:
-                level.errors[str(status)] += 1
-                if status in (429, 503):  # back off a little instead of spinning
-                    await asyncio.sleep(0.05)
-                continue
-            level.latencies_s.append(time.perf_counter() - sent_at)
-            level.ok += 1
-            tokens = int(json.loads(payload)["usage"]["prompt_tokens"])
-            level.tokens += tokens
-            level.token_mismatches += tokens != plan.tokens[i]
-            with contextlib.suppress(KeyError, ValueError):
-                level.queue_ms.append(float(headers["x-queue-time"]))
-                level.inference_ms.append(float(headers["x-inference-time"]))
-
-    await asyncio.gather(*(client() for _ in range(level.concurrency)))
-    level.elapsed_s = time.perf_counter() - start
-
-
-async def batch_counters(session: aiohttp.ClientSession, port: int) -> tuple[float, float, float]:
-    """(batches, requests, tokens) the worker has run so far, from its /metrics."""
-    async with session.get(f"http://{HOST}:{port}/metrics") as response:
-        text = await response.text()
-    values = {"batches": 0.0, "requests": 0.0, "tokens": 0.0}
-    names = {
-        "flotilla_batch_requests_count": "batches",
-        "flotilla_batch_requests_sum": "requests",
-        "flotilla_batch_tokens_sum": "tokens",
-    }
-    for line in text.splitlines():
-        name, _, rest = line.partition("{")
-        if name in names:
-            values[names[name]] += float(rest.rsplit(" ", 1)[1])
-    return values["batches"], values["requests"], values["tokens"]
-
-
-async def check_vectors(
-    session: aiohttp.ClientSession, url: str, model: str, inputs: list[str], expected: Any
-) -> float:
-    """Worst cosine between the server's base64 vectors and the engine's, same texts."""
-    body = {"model": model, "input": inputs, "encoding_format": "base64"}
-    async with session.post(url, json=body) as response:
-        response.raise_for_status()
-        data = await response.json()
-    got = np.stack(
-        [
-            np.frombuffer(base64.b64decode(item["embedding"]), dtype=np.float32)
-            for item in data["data"]
-        ]
-    )
-    got = got / np.linalg.norm(got, axis=1, keepdims=True)
-    return float((got * expected).sum(axis=1).min())
 
 
 async def sweep(
@@ -483,6 +324,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="on a shared machine, wait up to this long for other processes to go quiet",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the server and the ceiling run (the fleet's profile for it)",
+    )
+    parser.add_argument(
+        "--fleet-profile",
+        type=Path,
+        default=None,
+        help="a YAML or JSON file of profile fields the server runs over the fleet's profile",
+    )
+    parser.add_argument("--runtime", default=None, help="override the profile's runtime")
+    parser.add_argument(
+        "--dtype", choices=typing.get_args(Precision), default=None, help="override its dtype"
+    )
+    options.add_arguments(parser)
     parser.add_argument("--out", default="served", help="results file stem in bench/results/")
     args = parser.parse_args(argv)
     if args.duration_s <= 0 or args.duration_s > 600 or args.max_requests <= 0:
@@ -494,13 +352,31 @@ def one_model_fleet(spec: ModelSpec) -> dict[str, Any]:
     return {"models": {spec.name: spec.model_dump(mode="json", exclude={"name"})}}
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def served_spec(args: argparse.Namespace) -> ModelSpec:
+    """The fleet's default model with the profile for ``--device`` overridden by
+    ``--fleet-profile``, then ``--runtime`` / ``--dtype``."""
     from embedder.fleet import load_fleet
 
     fleet = load_fleet()
     spec = fleet.get(fleet.default_model)
+    changes: dict[str, Any] = {}
+    if args.fleet_profile is not None:
+        changes.update(read_profile_file(args.fleet_profile))
+    if args.runtime is not None:
+        changes["runtime"] = args.runtime
+    if args.dtype is not None:
+        changes["dtype"] = args.dtype
+    try:
+        return with_profile(spec, args.device, **changes) if changes else spec
+    except ValueError as exc:
+        raise SystemExit(f"the profile override is invalid: {exc}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    spec = served_spec(args)
+    peers = options.chosen_peers(args.peer)
     corpus = texts.build(args.n_texts, args.seed)
     max_tokens = spec.max_tokens
     plan = plan_requests(corpus, spec.name, max_tokens, 4096, args.seed, args.encoding)
@@ -509,7 +385,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report.wait_for_quiet(args.wait_quiet_s)
     print("engine ceiling: tokenize + forward of full server-sized batches, no server running")
     meter = report.CpuMeter()
-    engine = engine_ceiling(plan, args.threads, args.ceiling_reps, args.ceiling_tokens)
+    engine = engine_ceiling(
+        spec, args.device, plan, args.threads, args.ceiling_reps, args.ceiling_tokens
+    )
     ceiling_cpu = meter.result()
     ceiling = engine.tokens_per_s
     print(
@@ -527,18 +405,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     fleet_path.write_text(yaml.safe_dump(one_model_fleet(spec)), encoding="utf-8")
     print(f"starting the server on {HOST}:{port} (log: {log_path})")
     started = time.perf_counter()
-    with server(port, args.threads, log_path, args.ready_timeout_s, fleet_path) as pid:
+    with server(port, args.threads, log_path, args.ready_timeout_s, fleet_path, args.device) as pid:
         print(f"  ready after {time.perf_counter() - started:.1f} s")
         levels, cosine, served = asyncio.run(
             sweep(port, pid, args, plan, spec.name, engine.check_vectors)
         )
+        compared = None
+        if peers:
+            print("peers: the same texts and loads, flotilla and each peer back to back")
+            compared = side_by_side.run_all(
+                peers,
+                args,
+                corpus,
+                spec.name,
+                max_tokens,
+                spec.source.resolve(),
+                f"http://{HOST}:{port}/v1/embeddings",
+                args.device,
+            )
 
     rows = [level.summary(ceiling) for level in levels]
     result: dict[str, Any] = {
         "benchmark": "served",
         "model": spec.name,
         "machine": report.machine(args.threads),
-        "args": {k: v for k, v in vars(args).items()},
+        "args": json.loads(json.dumps(vars(args), default=str)),  # paths, loads: as text
         "requests": {
             "inputs_per_request": f"1-{MAX_INPUTS}, uniform",
             "mean_inputs": float(np.mean([len(t) for t in plan.texts])),
@@ -560,6 +451,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "server_models": served.get("data", []),
         "served_vs_engine_worst_cosine": cosine,
         "levels": rows,
+        "profile": spec.profile(args.device).model_dump(),
+        "peers": compared,
     }
     print()
     print(
@@ -605,6 +498,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"tokens/s at {best['concurrency']} clients = {100 * best['share_of_engine_ceiling']:.0f}% "
         f"of it; served vectors vs engine: worst cosine {cosine:.5f}"
     )
+    for name, peer_result in (compared or {}).get("peers", {}).items():
+        print()
+        print(side_by_side.table(name, peer_result))
     json_path = report.write_json(f"{args.out}.json", result)
     png_path = report.results_dir() / f"{args.out}.png"
     plot(

@@ -12,6 +12,7 @@ from typing import Literal, TypeVar
 
 import msgspec
 import numpy as np
+import orjson
 from numpy.typing import NDArray
 
 from embedder.errors import InvalidRequest, LimitExceeded
@@ -212,20 +213,33 @@ def shape_vectors(
     return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+def json_with_vectors(value: object) -> bytes:
+    """JSON with float32 arrays written straight from the array, without Python floats:
+    each number is the shortest text that reads back as the same float32 (msgspec, after
+    ``tolist()``, writes the float64 digits of the same value: longer, the same vector).
+    Rows must be C-contiguous, as ``shape_vectors`` returns them."""
+    return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def base64_rows(vectors: NDArray[np.float32]) -> list[str]:
+    """Each row's little-endian float32 bytes in base64, read from the array in place."""
+    raw = memoryview(np.ascontiguousarray(vectors, dtype="<f4").data).cast("B")
+    width = vectors.shape[1] * 4
+    return [
+        base64.b64encode(raw[i * width : (i + 1) * width]).decode("ascii")
+        for i in range(vectors.shape[0])
+    ]
+
+
 def encode_embed(
     shape: ApiShape, request: EmbedRequest, vectors: NDArray[np.float32], model: str, tokens: int
 ) -> bytes:
     if shape is ApiShape.RAW_VECTORS:
-        return vectors.astype("<f4").tobytes()
+        return np.ascontiguousarray(vectors, dtype="<f4").tobytes()
     if shape is ApiShape.TEI_EMBED:
-        return msgspec.json.encode(vectors.tolist())
-    if request.encoding == "base64":
-        items: list[object] = [
-            base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors
-        ]
-    else:
-        items = vectors.tolist()
-    return msgspec.json.encode(
+        return json_with_vectors(vectors)
+    items: list[object] = [*base64_rows(vectors)] if request.encoding == "base64" else [*vectors]
+    return json_with_vectors(
         {
             "object": "list",
             "data": [

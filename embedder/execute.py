@@ -1,8 +1,11 @@
 """Running one formed batch: decode each job, tokenize, one forward, encode replies.
 
-This is the blocking part of the worker loop; it runs in the device's
-executor thread. A job with bad input fails alone; a failure of the forward
-pass fails every job of the batch with the same error.
+Three blocking stages, each a function: ``prepare_batch`` (decode + tokenize, host
+work), ``forward_batch`` (adapters and the forward pass, the device's work) and
+``finish_batch`` (shape and encode the replies, host work), so the worker can run
+host work for one batch while the device runs another (``embedder.pipeline``);
+``run_batch`` runs all three in a row. A job with bad input fails alone; a failure of
+the forward pass fails every job of the batch with the same error.
 """
 
 from __future__ import annotations
@@ -125,38 +128,92 @@ def _load_adapters(model: LoadedModel, names: set[str]) -> dict[str, FlotillaErr
     return failed | model.resident.ensure(folders)
 
 
-def run_batch(
-    batch: Sequence[EmbedJob], model: LoadedModel, limits: RequestLimits, now: float
-) -> BatchReport:
-    outcomes: list[tuple[EmbedJob, Outcome]] = []
-    prepared: list[tuple[EmbedJob, EmbedRequest | RerankRequest, Encoded]] = []
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A batch decoded and tokenized (host work): what the device is to run, and the jobs
+    that already failed on their own input."""
+
+    items: list[tuple[EmbedJob, EmbedRequest | RerankRequest, Encoded]]
+    failed: list[tuple[EmbedJob, Outcome]]
+
+    @property
+    def tokens(self) -> int:
+        return sum(encoded.tokens for _, _, encoded in self.items)
+
+    def without(self, withdrawn: set[str]) -> Prepared:
+        """The batch less the jobs nobody waits for any more (no outcome is due to them)."""
+        if not withdrawn:
+            return self
+        return Prepared(
+            [item for item in self.items if item[0].id not in withdrawn],
+            [item for item in self.failed if item[0].id not in withdrawn],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """A batch after the device: its output rows, or the error every job of it gets."""
+
+    prepared: Prepared
+    out: NDArray[np.float32] | None
+    error: FlotillaError | None
+    tokens: int
+    inference_s: float
+
+
+def prepare_batch(batch: Sequence[EmbedJob], model: LoadedModel, limits: RequestLimits) -> Prepared:
+    """Decode and tokenize every job; a job with bad input fails alone."""
+    failed: list[tuple[EmbedJob, Outcome]] = []
+    items: list[tuple[EmbedJob, EmbedRequest | RerankRequest, Encoded]] = []
     for job in batch:
         try:
             request, encoded = _prepare(job, model, limits)
         except FlotillaError as exc:
-            outcomes.append((job, exc))
+            failed.append((job, exc))
         else:
-            prepared.append((job, request, encoded))
-    if wanted := {job.adapter for job, _, _ in prepared if job.adapter is not None}:
-        failed = _load_adapters(model, wanted)
-        outcomes += [(job, failed[job.adapter]) for job, _, _ in prepared if job.adapter in failed]
-        prepared = [item for item in prepared if item[0].adapter not in failed]
-    if not prepared:
-        return BatchReport(outcomes, 0, 0.0)
+            items.append((job, request, encoded))
+    return Prepared(items, failed)
 
-    merged = Encoded.concat([encoded for _, _, encoded in prepared])
-    row_adapters = [job.adapter for job, _, encoded in prepared for _ in range(len(encoded))]
+
+def forward_batch(prepared: Prepared, model: LoadedModel) -> Forwarded:
+    """Make the batch's adapters resident, then one forward over all its inputs. The
+    device's part: adapters change the model, so this never runs beside another forward."""
+    items, failed = prepared.items, list(prepared.failed)
+    if not items:
+        return Forwarded(prepared, None, None, 0, 0.0)
+    if wanted := {job.adapter for job, _, _ in items if job.adapter is not None}:
+        unusable = _load_adapters(model, wanted)
+        failed += [(job, unusable[job.adapter]) for job, _, _ in items if job.adapter in unusable]
+        items = [item for item in items if item[0].adapter not in unusable]
+        prepared = Prepared(items, failed)
+        if not items:
+            return Forwarded(prepared, None, None, 0, 0.0)
+    merged = Encoded.concat([encoded for _, _, encoded in items])
+    row_adapters = [job.adapter for job, _, encoded in items for _ in range(len(encoded))]
     start = time.perf_counter()
     try:
         out = model.runtime.forward(merged, row_adapters if any(row_adapters) else None)
     except Exception as exc:  # any model failure reaches every waiting request
-        log.exception("batch of %d jobs failed on %s", len(prepared), model.spec.name)
+        log.exception("batch of %d jobs failed on %s", len(items), model.spec.name)
         error = InferenceFailed(f"model {model.spec.name!r} failed on this batch: {exc!r}")
-        return BatchReport(outcomes + [(job, error) for job, _, _ in prepared], 0, 0.0)
-    inference_s = time.perf_counter() - start
+        return Forwarded(prepared, None, error, 0, 0.0)
+    return Forwarded(prepared, out, None, merged.tokens, time.perf_counter() - start)
 
+
+def finish_batch(forwarded: Forwarded, model: LoadedModel, now: float) -> BatchReport:
+    """Shape and encode each job's reply from its rows (host work); ``now`` is when the
+    batch left the queue, for each job's queue time."""
+    prepared = forwarded.prepared
+    outcomes = list(prepared.failed)
+    if forwarded.error is not None:
+        outcomes += [(job, forwarded.error) for job, _, _ in prepared.items]
+        return BatchReport(outcomes, 0, 0.0)
+    out = forwarded.out
+    if out is None:
+        return BatchReport(outcomes, 0, 0.0)
+    inference_s = forwarded.inference_s
     offset = 0
-    for job, request, encoded in prepared:
+    for job, request, encoded in prepared.items:
         rows = out[offset : offset + len(encoded)]
         offset += len(encoded)
         timings = Timings(queue_s=max(0.0, now - job.enqueued_at), inference_s=inference_s)
@@ -173,4 +230,12 @@ def run_batch(
             outcomes.append((job, exc))
             continue
         outcomes.append((job, JobResult(body=body, prompt_tokens=encoded.tokens, timings=timings)))
-    return BatchReport(outcomes, merged.tokens, inference_s)
+    return BatchReport(outcomes, forwarded.tokens, inference_s)
+
+
+def run_batch(
+    batch: Sequence[EmbedJob], model: LoadedModel, limits: RequestLimits, now: float
+) -> BatchReport:
+    """All three stages in the calling thread: decode + tokenize, forward, encode."""
+    prepared = prepare_batch(batch, model, limits)
+    return finish_batch(forward_batch(prepared, model), model, now)

@@ -2,9 +2,11 @@
 
 One worker per device, serving every model packed on that device. Two tasks:
 the *former* pulls from the shared queue and forms the next batch while the
-*runner* executes the current one, so one batch is in flight and one is
-prefetched. The forward pass runs in a single-thread executor: the event
-loop never blocks and the device is never shared between two batches.
+*runner* (``embedder.pipeline``) executes the current one, so one batch is in
+flight and one is prefetched. The runner decodes, tokenizes and encodes on a
+host thread and runs forward passes on a device thread, one batch's host work
+beside another's forward: the event loop never blocks and the device is never
+shared between two batches.
 """
 
 from __future__ import annotations
@@ -13,15 +15,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 from embedder import metrics
 from embedder.batching import DropReason, flush_delay, form_batch
 from embedder.codecs import RequestLimits
-from embedder.errors import DeadlineExceeded, FlotillaError, InferenceFailed
-from embedder.execute import BatchReport, LoadedModel, run_batch
+from embedder.errors import DeadlineExceeded
+from embedder.execute import LoadedModel
 from embedder.jobs import EmbedJob
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.pipeline import Pipeline
 from embedder.queue import JobPuller
 
 log = logging.getLogger(__name__)
@@ -46,34 +48,33 @@ class Worker(Lifecycle):
         # Room for one batch being formed beside one waiting: the biggest budget, twice.
         self.capacity_tokens = 2 * max(m.limits.max_tokens for m in self.models.values())
         self._ready: asyncio.Queue[tuple[EmbedJob, ...]] = asyncio.Queue(maxsize=1)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-device")
+        self._pipeline = Pipeline(queue, self.models, request_limits, clock)
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[EmbedJob] = []
         # Batches out of _pending but not delivered: stop() must fail these too.
         self._forming: tuple[EmbedJob, ...] = ()  # formed, waiting for room in _ready
-        self._running: tuple[EmbedJob, ...] = ()  # in the executor or being delivered
 
     async def start(self) -> None:
         if self._tasks:
             return
         self._tasks = [
             watch(asyncio.create_task(self._form_loop(), name="worker-former")),
-            watch(asyncio.create_task(self._run_loop(), name="worker-runner")),
+            watch(asyncio.create_task(self._pipeline.run(self._ready), name="worker-runner")),
         ]
 
     async def stop(self) -> None:
         """Stop pulling; fail whatever was pulled but not run, so nothing hangs."""
         tasks, self._tasks = self._tasks, []
         await cancel_and_wait(*tasks)
-        leftovers = [*self._running, *self._forming, *self._pending]
+        leftovers = [*self._pipeline.held(), *self._forming, *self._pending]
         while not self._ready.empty():
             leftovers.extend(self._ready.get_nowait())
-        self._pending, self._forming, self._running = [], (), ()
+        self._pending, self._forming = [], ()
+        self._pipeline.shutdown()
         for job in leftovers:  # completing a job already delivered is a no-op
             await self.queue.complete(
                 job.id, DeadlineExceeded("the worker stopped before this job finished")
             )
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def add_model(self, model: LoadedModel) -> None:
         """Serve one more model; the next pull asks for its jobs too."""
@@ -110,38 +111,3 @@ class Worker(Lifecycle):
             if plan.batch:
                 await self._ready.put(plan.batch)
             self._forming = ()
-
-    # -- running ----------------------------------------------------------
-
-    async def _run_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._ready.get()
-            withdrawn = self.queue.cancelled(job.id for job in batch)
-            batch = tuple(job for job in batch if job.id not in withdrawn)
-            self._running = batch
-            if not batch:
-                continue
-            model = self.models[batch[0].model]
-            try:
-                report = await loop.run_in_executor(
-                    self._executor, run_batch, batch, model, self.request_limits, self.clock()
-                )
-            except Exception as exc:  # run_batch classifies model errors; this is a bug
-                log.exception("batch on %s crashed", model.spec.name)
-                error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
-                report = BatchReport([(job, error) for job in batch], 0, 0.0)
-            await self._deliver(model, report)
-            self._running = ()
-
-    async def _deliver(self, model: LoadedModel, report: BatchReport) -> None:
-        name = model.spec.name
-        if report.tokens:
-            metrics.BATCH_TOKENS.labels(name).observe(report.tokens)
-            metrics.BATCH_REQUESTS.labels(name).observe(len(report.outcomes))
-            metrics.INFERENCE_SECONDS.labels(name).observe(report.inference_s)
-            metrics.TOKENS.labels(name).inc(report.tokens)
-        for job, outcome in report.outcomes:
-            outcome_label = type(outcome).__name__ if isinstance(outcome, FlotillaError) else "ok"
-            metrics.JOBS.labels(name, outcome_label).inc()
-            await self.queue.complete(job.id, outcome)

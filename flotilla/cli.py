@@ -341,6 +341,7 @@ def _bench(module: str) -> Callable[[typer.Context], None]:
 for _name, _module, _help in (
     ("engine", "bench.engine", "flotilla's runtime against SentenceTransformer.encode."),
     ("served", "bench.served", "Served throughput and latency under concurrent clients."),
+    ("hostpath", "bench.hostpath", "The host path's ceiling: serve on the emulated device."),
     ("ingest", "bench.ingest", "Kafka ingest against the embed-only ceiling."),
     (
         "cluster",

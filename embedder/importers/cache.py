@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +72,7 @@ def read_stamp(folder: Path) -> dict[str, object] | None:
 
 
 @contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
+def locked(out: Path) -> Iterator[None]:
     with (out.parent / f".{out.name}.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -107,21 +107,30 @@ def import_model(importer: Importer | str, out: Path, *, force: bool = False) ->
     if not force and _identity(read_stamp(out)) == _identity(wanted):
         return done(cached=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(out):
+    with locked(out):
         if not force and _identity(read_stamp(out)) == _identity(wanted):
             return done(cached=True)  # another process imported it while this one waited
         _check_replaceable(out)
         log.info("importing %s into %s", importer.name, out)
-        partial = out.parent / f".{out.name}.partial-{os.getpid()}"
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        try:
-            importer.convert(sources, partial)
-            (partial / STAMP_FILE).write_text(json.dumps(wanted, indent=2) + "\n", "utf-8")
-            if out.exists():
-                out.rename(old)
-            partial.rename(out)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
+        write_stamped(out, lambda partial: importer.convert(sources, partial), STAMP_FILE, wanted)
     return done(cached=False)
+
+
+def write_stamped(
+    out: Path, build: Callable[[Path], None], stamp_file: str, stamp: Mapping[str, object]
+) -> None:
+    """``build`` a folder under a temporary name, put ``stamp`` inside, then rename it to
+    ``out`` (replacing what was there): a crash half-way leaves no stamped folder. Call it
+    holding ``locked(out)``."""
+    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        build(partial)
+        (partial / stamp_file).write_text(json.dumps(stamp, indent=2) + "\n", "utf-8")
+        if out.exists():
+            out.rename(old)
+        partial.rename(out)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)

@@ -86,6 +86,9 @@ RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]
 # name -> "module:function"; imported lazily so the registry itself stays torch-free.
 RUNTIMES: dict[str, str] = {
     "torch": "embedder.runtimes.torch_st:load",
+    "onnx": "embedder.runtimes.onnx:load",
+    "openvino": "embedder.runtimes.openvino:load",
+    "emulated": "embedder.runtimes.emulated:load",
 }
 
 # name -> device kind -> the precisions it offers there: what `flotilla tune` tries. A
@@ -96,6 +99,10 @@ PRECISIONS: dict[str, dict[DeviceKind, tuple[Precision, ...]]] = {
         "cpu": ("float32", "bfloat16", "bfloat16-autocast"),
         "cuda": ("float32", "bfloat16", "float16"),
     },
+    # No bf16 arithmetic on ONNX Runtime's CPU provider; dynamic int8 on the CPU only.
+    "onnx": {"cpu": ("float32", "int8"), "cuda": ("float32",)},
+    "openvino": {"cpu": ("float32", "bfloat16", "int8")},
+    # "emulated" computes no model: nothing to tune.
 }
 
 

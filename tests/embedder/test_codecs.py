@@ -6,6 +6,7 @@ import base64
 import json
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from numpy.typing import NDArray
@@ -14,10 +15,12 @@ from embedder.codecs import (
     EmbedRequest,
     RequestLimits,
     RerankRequest,
+    base64_rows,
     decode_embed,
     decode_rerank,
     encode_embed,
     encode_rerank,
+    json_with_vectors,
     raw_vectors_body,
     shape_vectors,
 )
@@ -360,3 +363,75 @@ def test_cohere_rerank_return_documents() -> None:
     scores = np.asarray([0.2, 0.7], dtype=np.float32)
     out = reply(encode_rerank(COHERE, request, scores, "ce", 4, "job-2"))
     assert [r["document"] for r in out["results"]] == [{"text": "one"}, {"text": "zero"}]
+
+
+# -- float32 vectors written without Python floats -------------------------------------
+
+EDGE_VALUES = np.array(
+    [
+        0.1,
+        -1 / 3,
+        1e-45,  # the smallest subnormal float32
+        1.1754944e-38,  # the smallest normal float32
+        -3.4028235e38,  # the largest magnitude
+        3.4028235e38,
+        -0.0,
+        0.0,
+        1.0,
+        123456.789,
+    ],
+    dtype=np.float32,
+)
+
+
+def as_float32(body: bytes) -> NDArray[np.float32]:
+    return np.asarray(json.loads(body), dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    "matrix",
+    [
+        np.random.default_rng(3).standard_normal((6, 384)).astype(np.float32),
+        np.stack([EDGE_VALUES, -EDGE_VALUES]),
+    ],
+    ids=["normal", "edges"],
+)
+def test_vector_json_reads_back_as_msgspecs_float32_values(matrix: NDArray[np.float32]) -> None:
+    ours = as_float32(json_with_vectors(matrix))
+    theirs = as_float32(msgspec.json.encode(matrix.tolist()))
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_array_equal(ours, matrix)
+    np.testing.assert_array_equal(np.signbit(ours), np.signbit(matrix))  # -0.0 stays -0.0
+
+
+def test_openai_float_reply_reads_back_as_msgspecs() -> None:
+    matrix = np.stack([EDGE_VALUES, EDGE_VALUES[::-1].copy()])
+    out = reply(encode_embed(OPENAI, EmbedRequest(texts=["a", "b"]), matrix, "mini", 2))
+    before = json.loads(
+        msgspec.json.encode(
+            {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": row}
+                    for i, row in enumerate(matrix.tolist())
+                ],
+                "model": "mini",
+                "usage": {"prompt_tokens": 2, "total_tokens": 2},
+            }
+        )
+    )
+    for got, want in zip(out["data"], before["data"], strict=True):
+        assert {k: v for k, v in got.items() if k != "embedding"} == {
+            k: v for k, v in want.items() if k != "embedding"
+        }
+        np.testing.assert_array_equal(np.float32(got["embedding"]), np.float32(want["embedding"]))
+    assert {k: v for k, v in out.items() if k != "data"} == {
+        k: v for k, v in before.items() if k != "data"
+    }
+
+
+def test_base64_rows_are_each_rows_little_endian_bytes() -> None:
+    matrix = np.stack([EDGE_VALUES, -EDGE_VALUES])
+    want = [base64.b64encode(row.astype("<f4").tobytes()).decode() for row in matrix]
+    assert base64_rows(matrix) == want
+    assert base64_rows(matrix.astype(">f4")) == want  # big-endian input, same wire bytes

@@ -1,0 +1,143 @@
+"""The profiles a benchmark runs side by side: every registered runtime at every
+precision it offers, a profile read from a file, and the tuned profile.
+
+Each candidate is the fleet's model with one device profile overridden
+(``spec.model_copy`` with that profile's fields updated), so a runtime or
+precision added to the registries shows up as a row without a change here.
+A candidate that fails to load is skipped with its reason, not fatal: a
+runtime that refuses a precision says so with a classified error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from embedder.fleet import DeviceKind, ModelSpec, Precision, Profile
+
+# The host-path runtime has the real tokenizer and no model: its vectors mean
+# nothing, so an engine row of it would be a speed without a result.
+SKIPPED_RUNTIMES = frozenset({"emulated"})
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    key: str  # the row's name, e.g. "torch-bfloat16", "profile", "tuned"
+    label: str
+    spec: ModelSpec  # the fleet's model with the device profile overridden
+
+
+def with_profile(spec: ModelSpec, device: DeviceKind, **changes: object) -> ModelSpec:
+    """``spec`` with its ``device`` profile changed; the other profiles are left alone.
+    Validated: a field the profile does not have, or a bad value, is a ValueError."""
+    base = spec.profile(device).model_dump()
+    profile = Profile.model_validate({**base, **changes})
+    return spec.model_copy(update={"profiles": {**spec.profiles, device: profile}})
+
+
+def precisions_of(runtime: str, device: DeviceKind, registry: object | None = None) -> list[str]:
+    """The precisions ``runtime`` offers, from ``embedder.runtimes.PRECISIONS`` when the
+    registry has one (runtime -> precisions), else every concrete ``Precision`` (a
+    runtime refuses the ones it cannot run, and the row is skipped with its reason)
+    but float16 on a CPU, which the contract reserves for CUDA."""
+    if registry is None:
+        registry = getattr(importlib.import_module("embedder.runtimes"), "PRECISIONS", None)
+    if isinstance(registry, Mapping) and runtime in registry:
+        offered = registry[runtime]
+        names = list(offered) if isinstance(offered, Iterable) else []
+        return [str(p) for p in names if p != "auto"]
+    every = [p for p in typing.get_args(Precision) if p != "auto"]
+    return [p for p in every if not (device == "cpu" and p == "float16")]
+
+
+def runtime_candidates(
+    spec: ModelSpec,
+    device: DeviceKind,
+    runtimes: Iterable[str],
+    precisions: Callable[[str, DeviceKind], Sequence[str]] = precisions_of,
+    only: Sequence[str] | None = None,
+) -> list[Candidate]:
+    """One candidate per (runtime, precision); ``only`` keeps the named runtimes."""
+    chosen: list[Candidate] = []
+    for runtime in runtimes:
+        if runtime in SKIPPED_RUNTIMES or (only is not None and runtime not in only):
+            continue
+        for dtype in precisions(runtime, device):
+            chosen.append(
+                Candidate(
+                    key=f"{runtime}-{dtype}",
+                    label=f"runtime {runtime}, dtype {dtype}",
+                    spec=with_profile(spec, device, runtime=runtime, dtype=dtype),
+                )
+            )
+    return chosen
+
+
+def read_profile_file(path: Path) -> dict[str, Any]:
+    """Profile fields from a YAML or JSON file (JSON is YAML): a mapping, checked."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SystemExit(f"cannot read the profile file {path}: {exc}") from None
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise SystemExit(f"{path}: a profile file holds a mapping of profile fields")
+    unknown = sorted(set(data) - set(Profile.model_fields))
+    if unknown:
+        known = ", ".join(Profile.model_fields)
+        raise SystemExit(f"{path}: unknown profile fields {unknown}; known: {known}")
+    return data
+
+
+def profile_candidate(spec: ModelSpec, device: DeviceKind, path: Path) -> Candidate:
+    fields = read_profile_file(path)
+    try:
+        overridden = with_profile(spec, device, **fields)
+    except ValueError as exc:
+        raise SystemExit(f"{path}: {exc}") from None
+    return Candidate("profile", f"profile from {path.name}", overridden)
+
+
+def tuned_candidate(spec: ModelSpec, device: DeviceKind) -> Candidate | str:
+    """The tuned profile for this device, or the reason there is none."""
+    try:
+        tuned = importlib.import_module("embedder.tuned")
+    except ImportError:
+        return "no tuned profile: this build has no embedder.tuned"
+    profile_for = getattr(tuned, "profile_for", None)
+    if profile_for is None:
+        return "no tuned profile: embedder.tuned has no profile_for"
+    try:
+        profile = profile_for(spec, device)
+    except Exception as exc:  # a lookup that fails must not end the benchmark
+        return f"no tuned profile: profile_for failed: {type(exc).__name__}: {exc}"
+    if profile is None:
+        return f"no tuned profile for {spec.name} on this {device} device"
+    if not isinstance(profile, Profile):
+        return f"no tuned profile: profile_for returned {type(profile).__name__}"
+    overridden = spec.model_copy(update={"profiles": {**spec.profiles, device: profile}})
+    return Candidate("tuned", f"tuned profile ({profile.runtime}, {profile.dtype})", overridden)
+
+
+def load_each(
+    candidates: Iterable[Candidate], load: Callable[[ModelSpec], T]
+) -> tuple[list[tuple[Candidate, T]], list[tuple[str, str]]]:
+    """Load every candidate; one that raises is skipped with its reason."""
+    loaded: list[tuple[Candidate, T]] = []
+    skipped: list[tuple[str, str]] = []
+    for candidate in candidates:
+        try:
+            loaded.append((candidate, load(candidate.spec)))
+        except Exception as exc:  # any runtime's refusal; the row reports it
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            skipped.append((candidate.key, reason))
+    return loaded, skipped

@@ -1,0 +1,110 @@
+"""Infinity (``infinity-emb``), started from its own venv as a subprocess.
+
+Its torch engine (its ONNX engine mis-truncated inputs in a trial), the
+same local model folder flotilla serves, offline, telemetry off, and its CPU
+threads capped at ``--threads`` as flotilla's are. ``--served-model-name`` is
+the fleet's model name, so the benchmark's request bodies serve both servers
+unchanged. Its ``--help`` shows wrong defaults: every knob that matters is
+passed explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from bench.peers import Launch, Start, peers_dir
+
+HOST = "127.0.0.1"
+SCRIPT = Path(__file__).with_name("infinity.sh")
+
+
+class Infinity:
+    name = "infinity"
+    version = "0.0.78"
+
+    def venv(self) -> Path:
+        return peers_dir() / f"infinity-{self.version}"
+
+    def missing(self) -> str | None:
+        venv = self.venv()
+        if (venv / ".installed").is_file() and (venv / "bin" / "infinity_emb").is_file():
+            return None
+        return f"infinity-emb {self.version} is not installed in {venv}; run {SCRIPT}"
+
+    def command(self, start: Start) -> list[str]:
+        return [
+            str(self.venv() / "bin" / "infinity_emb"),
+            "v2",
+            "--model-id",
+            str(start.model_dir),
+            "--served-model-name",
+            start.model_name,
+            "--engine",
+            "torch",
+            "--device",
+            start.device,
+            "--dtype",
+            start.config.dtype,
+            "--batch-size",
+            str(start.config.batch_size),
+            "--host",
+            HOST,
+            "--port",
+            str(start.port),
+            "--no-vector-disk-cache",
+            "--log-level",
+            "warning",  # as flotilla runs: no access line per request
+        ]
+
+    @contextlib.contextmanager
+    def serve(self, start: Start) -> Iterator[Launch]:
+        env = {
+            **os.environ,
+            "DO_NOT_TRACK": "1",
+            "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": str(start.threads),
+            "MKL_NUM_THREADS": str(start.threads),
+        }
+        env.pop("PYTHONPATH", None)  # its venv, not flotilla's code
+        url = f"http://{HOST}:{start.port}"
+        with open(start.log_path, "wb") as log:
+            process = subprocess.Popen(
+                self.command(start), stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+            try:
+                _wait_ready(process, f"{url}/health", start.ready_timeout_s, start.log_path)
+                yield Launch(f"{url}/embeddings", start.model_name, process.pid)
+            finally:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGINT)
+                    try:
+                        process.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        process.kill()
+                        process.wait()
+
+
+def _wait_ready(
+    process: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"infinity exited with {process.returncode}; its log: {log_path}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"infinity was not ready within {timeout_s:.0f} s; its log: {log_path}")
+
+
+PEER = Infinity()
