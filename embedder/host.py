@@ -72,7 +72,7 @@ class ModelHost(Lifecycle):
         if model in self.loaded:
             return {**asdict(self.loaded[model].runtime.info), **profile}
         if model in self.failed:
-            return {"error": self.failed[model], **profile}
+            return {"error": self.failed[model]}
         return {}
 
     def choose_profile(self, spec: ModelSpec, device: DeviceKind) -> ProfileChoice:
