@@ -9,6 +9,8 @@ from embedder import runtimes
 
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(runtimes.PRECISIONS):  # only these fakes and torch fp32 are tried
+        monkeypatch.delitem(runtimes.PRECISIONS, name)
     monkeypatch.setitem(runtimes.RUNTIMES, "fake", "never.imported:load")
     monkeypatch.setitem(runtimes.RUNTIMES, "absent", "never.imported:load")
     monkeypatch.setitem(runtimes.PRECISIONS, "torch", {"cpu": ("float32",)})
