@@ -16,12 +16,14 @@ from typing import Literal
 from embedder.adapters import AdapterCatalog, ResidentAdapters
 from embedder.batching import BatchLimits
 from embedder.codecs import RequestLimits
+from embedder.device import fingerprint
 from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.jobs import ModelState
 from embedder.lifecycle import Lifecycle
 from embedder.queue import JobPuller
 from embedder.runtimes import Runtime, detect_device, load_runtime
+from embedder.tuned import ProfileChoice, TunedProfiles, profile_for
 from embedder.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,8 @@ class ModelHost(Lifecycle):
         threads: int = 0,
         loader: RuntimeLoader = load_runtime,
         adapters: AdapterCatalog | None = None,
+        tuned: TunedProfiles | None = None,
+        untuned: Literal["defaults", "quick"] = "defaults",
     ) -> None:
         self.fleet = fleet
         self.adapters = adapters or AdapterCatalog(fleet)
@@ -48,6 +52,9 @@ class ModelHost(Lifecycle):
         self.device = device
         self.threads = threads
         self.loader = loader
+        self.tuned = tuned or TunedProfiles()
+        self.untuned = untuned
+        self.choices: dict[str, ProfileChoice] = {}  # the profile each model runs with, why
         self.loaded: dict[str, LoadedModel] = {}
         self.failed: dict[str, str] = {}
         self.worker: Worker | None = None
@@ -61,11 +68,27 @@ class ModelHost(Lifecycle):
         return "ready" if self.worker is not None and model in self.loaded else "loading"
 
     def describe(self, model: str) -> dict[str, object]:
+        profile = {"profile": self.choices[model].describe()} if model in self.choices else {}
         if model in self.loaded:
-            return asdict(self.loaded[model].runtime.info)
+            return {**asdict(self.loaded[model].runtime.info), **profile}
         if model in self.failed:
             return {"error": self.failed[model]}
         return {}
+
+    def choose_profile(self, spec: ModelSpec, device: DeviceKind) -> ProfileChoice:
+        """The tuned profile for this device when the fleet leaves it open (dtype: auto),
+        else the fleet's; with ``untuned='quick'`` an open one with no tuned profile is
+        tuned briefly here. Blocking (a quick tune takes seconds): run in a thread."""
+        choice = profile_for(spec, device, fingerprint(device), self.tuned)
+        if (
+            choice.source == "fleet"
+            and self.untuned == "quick"
+            and spec.profile(device).dtype == "auto"
+        ):
+            from embedder.tuning.quick import quick_choice
+
+            choice = quick_choice(spec, device, self.loader, self.threads, choice.fingerprint)
+        return choice
 
     async def start(self) -> None:
         if self._task is None:
@@ -89,7 +112,12 @@ class ModelHost(Lifecycle):
         )
         for name, spec in self.fleet.models.items():
             try:
-                runtime = await asyncio.to_thread(self.loader, spec, device, self.threads)
+                choice = await asyncio.to_thread(self.choose_profile, spec, device)
+                self.choices[name] = choice
+                log.info("%s: %s profile: %s", name, choice.source, choice.why)
+                spec = choice.apply(spec, device)
+                threads = choice.profile.threads or self.threads
+                runtime = await asyncio.to_thread(self.loader, spec, device, threads)
             except Exception as exc:  # one bad model must not take the fleet down
                 log.exception("model %s failed to load", name)
                 self.failed[name] = f"{type(exc).__name__}: {exc}"

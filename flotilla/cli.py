@@ -17,8 +17,10 @@ from flotilla.flags import (
     HTTP_API,
     KAFKA_INGEST,
     MODELS,
+    PROFILES,
     RECORDS,
     STORE,
+    TUNE,
     WORK_QUEUE,
     set_help_width,
     settings_flags,
@@ -37,7 +39,7 @@ def _width_without_terminal() -> None:
 
 
 @app.command()
-@settings_flags(HTTP_API | MODELS | DECODING | STORE | RECORDS | KAFKA_INGEST)
+@settings_flags(HTTP_API | MODELS | PROFILES | DECODING | STORE | RECORDS | KAFKA_INGEST)
 def serve(settings: Settings) -> None:
     """Gateway, in-process queue and a worker in one process, on the embedded defaults."""
     from flotilla.serve import serve as run
@@ -62,7 +64,12 @@ def gateway(settings: Settings) -> None:
 @app.command()
 # No API: its HTTP server is /metrics, /health and /ready on host and worker_port.
 @settings_flags(
-    MODELS | ADAPTERS | DECODING | WORK_QUEUE | {"worker_group", "host", "worker_port", "log_level"}
+    MODELS
+    | PROFILES
+    | ADAPTERS
+    | DECODING
+    | WORK_QUEUE
+    | {"worker_group", "host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
     """Load the fleet on this device and pull requests from --request-topic (--kafka) as a
@@ -78,7 +85,7 @@ def worker(settings: Settings) -> None:
 
 @app.command()
 # One input per job (no request limit to hit), and no logging set up (no log_level).
-@settings_flags(MODELS | ADAPTERS | STORE | RECORDS | KAFKA_INGEST)
+@settings_flags(MODELS | PROFILES | ADAPTERS | STORE | RECORDS | KAFKA_INGEST)
 def ingest(
     settings: Settings,
     source: Annotated[
@@ -209,6 +216,73 @@ def import_(
 
 
 VERIFY_MIN_COSINE = 0.999
+
+
+@app.command()
+@settings_flags(TUNE)
+def tune(
+    settings: Settings,
+    models: Annotated[
+        list[str] | None, typer.Argument(help="Fleet models to tune; every one when none.")
+    ] = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="Runtime x precision only, on fewer texts (seconds)."),
+    ] = False,
+    write: Annotated[
+        bool,
+        typer.Option(help="Write the chosen profiles into --tuned-file (the package's file)."),
+    ] = True,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write the tuned profiles here instead of --tuned-file."),
+    ] = None,
+    results: Annotated[
+        Path, typer.Option("--results", help="Where the JSON report and PNG go.")
+    ] = Path("tune-results"),
+    calibration: Annotated[
+        str,
+        typer.Option(
+            help="Calibration texts: auto (German law for multilingual models, else "
+            "English), english, or gesetze (the laws of --calibration-dir)."
+        ),
+    ] = "auto",
+    texts: Annotated[
+        int | None, typer.Option(help="Calibration texts (240; --quick 64).", min=1)
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(help="Timed rounds per candidate, best kept (3).", min=1)
+    ] = None,
+) -> None:
+    """Search this device for each model's fastest profile (runtime x precision x pass
+    shape x batch budget x threads) whose vectors stay within cosine 0.999 of torch fp32
+    (int8 also within 0.005 nDCG@10), and write it, keyed by the device fingerprint, for
+    `flotilla serve` to use."""
+    import dataclasses
+
+    from embedder.errors import FlotillaError
+    from embedder.tuning.candidates import QUICK, Plan
+    from flotilla.tune import tune as run
+    from flotilla.wiring import configure_logging
+
+    if calibration not in ("auto", "english", "gesetze"):
+        raise typer.BadParameter("auto, english or gesetze", param_hint="'--calibration'")
+    configure_logging(settings)
+    plan = QUICK if quick else Plan()
+    plan = dataclasses.replace(plan, texts=texts or plan.texts, repeats=repeats or plan.repeats)
+    try:
+        run(
+            settings,
+            models or [],
+            write=write,
+            out=out,
+            results=results,
+            which=calibration,  # type: ignore[arg-type]
+            plan=plan,
+        )
+    except FlotillaError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from exc
 
 
 lora_app = typer.Typer(
@@ -381,7 +455,7 @@ app.add_typer(eval_app, name="eval")
 
 @eval_app.command("retrieval")
 # Not auto_truncate: an evaluation cuts every over-long passage (flotilla.evaluate).
-@settings_flags((MODELS | ADAPTERS | STORE | RECORDS) - {"auto_truncate"})
+@settings_flags((MODELS | PROFILES | ADAPTERS | STORE | RECORDS) - {"auto_truncate"})
 def eval_retrieval(
     settings: Settings,
     queries: Annotated[Path, typer.Option("--queries", help="queries.jsonl: id, text.")],

@@ -48,6 +48,23 @@ class Settings(BaseSettings):
         description="CPU threads the models run on (inference, or `lora train`); 0 uses every "
         "core, fewer leaves cores to other processes.",
     )
+    tuned_file: Path | None = Field(
+        default=None,
+        description="Tuned profiles (`flotilla tune` writes them): a model whose fleet profile "
+        "says dtype: auto runs with the one tuned for this device's fingerprint. The file "
+        "shipped in the package when unset.",
+    )
+    untuned: Literal["defaults", "quick"] = Field(
+        default="defaults",
+        description="What a dtype: auto model gets on a device with no tuned profile: "
+        "'defaults', the fleet's profile (fp32 or bf16 autocast, timed at load); 'quick', a "
+        "short tune at load (runtime x precision on English text, seconds per model).",
+    )
+    calibration_dir: Path = Field(
+        default=Path("../shared/data/gesetze"),
+        description="`flotilla tune`: German laws (gesetze/*.md) to calibrate multilingual "
+        "models on and take their retrieval check from; English text when absent.",
+    )
     request_timeout_s: float = Field(
         default=30.0,
         gt=0,
@@ -209,6 +226,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Server": ("host", "port", "worker_port", "log_level"),
     # auto_truncate is how the models take over-long inputs, from requests or ingest alike.
     "Models": ("fleet", "device", "threads", "auto_truncate"),
+    "Tuning": ("tuned_file", "untuned", "calibration_dir"),
     "Directories": ("model_cache_dir", "data_dir", "adapters_dir"),
     "Requests": (
         "api_keys",

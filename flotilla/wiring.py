@@ -28,6 +28,7 @@ from embedder.jobs import split_model
 from embedder.queue import JobPuller
 from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import load_runtime
+from embedder.tuned import load_tuned
 from flotilla import __version__
 from flotilla.settings import Settings
 from flotilla.signals import unless_stopped
@@ -109,6 +110,8 @@ def model_host(
         threads=settings.threads,
         loader=loader,
         adapters=adapters,
+        tuned=load_tuned(settings.tuned_file),
+        untuned=settings.untuned,
     )
 
 

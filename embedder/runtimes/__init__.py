@@ -12,7 +12,7 @@ from typing import Literal, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.fleet import DeviceKind, ModelSpec
+from embedder.fleet import DeviceKind, ModelSpec, Precision
 from embedder.jobs import TruncationSide
 
 # Every precision below fp32 keeps the worst cosine of its vectors to fp32's at least this
@@ -89,6 +89,20 @@ RUNTIMES: dict[str, str] = {
     "onnx": "embedder.runtimes.onnx:load",
     "openvino": "embedder.runtimes.openvino:load",
     "emulated": "embedder.runtimes.emulated:load",
+}
+
+# name -> device kind -> the precisions it offers there: what `flotilla tune` tries. A
+# runtime that registers above registers here too; one that cannot load on this machine
+# (a missing package, a precision the CPU lacks) is skipped by the tuner with its reason.
+PRECISIONS: dict[str, dict[DeviceKind, tuple[Precision, ...]]] = {
+    "torch": {
+        "cpu": ("float32", "bfloat16", "bfloat16-autocast"),
+        "cuda": ("float32", "bfloat16", "float16"),
+    },
+    # No bf16 arithmetic on ONNX Runtime's CPU provider; dynamic int8 on the CPU only.
+    "onnx": {"cpu": ("float32", "int8"), "cuda": ("float32",)},
+    "openvino": {"cpu": ("float32", "bfloat16", "int8")},
+    # "emulated" computes no model: nothing to tune.
 }
 
 

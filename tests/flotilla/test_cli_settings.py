@@ -26,6 +26,7 @@ import flotilla.evaluate
 import flotilla.ingest
 import flotilla.lora
 import flotilla.serve
+import flotilla.tune
 from flotilla.cli import app
 from flotilla.settings import GROUPS, LoraSettings, Settings
 from lora.config import Prices, TrainConfig
@@ -42,6 +43,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         {
             *("host", "port", "log_level"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
+            *("tuned_file", "untuned"),
             *("max_inputs_per_request", "auto_truncate"),
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             "bytes_per_token",
@@ -70,6 +72,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         {
             *("host", "worker_port", "log_level"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
+            *("tuned_file", "untuned"),
             *("max_inputs_per_request", "auto_truncate"),
             *("kafka", "request_topic", "request_partitions", "status_topic"),
             *("kafka_max_message_bytes", "worker_group"),
@@ -80,6 +83,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     ("ingest",): frozenset(
         {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
+            *("tuned_file", "untuned"),
             *("auto_truncate", "bytes_per_token", "collection", "ingest_max_text_bytes"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records"),
@@ -90,6 +94,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     ("eval", "retrieval"): frozenset(
         {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
+            *("tuned_file", "untuned"),
             *("bytes_per_token", "collection", "ingest_max_text_bytes"),
             *("store", "qdrant_url", "qdrant_api_key"),
         }
@@ -103,6 +108,12 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         {"fleet", "model_cache_dir", "device", "threads"}
         | set(TrainConfig.model_fields)
         | set(Prices.model_fields)
+    ),
+    # flotilla.tune: the fleet on this device, where the tuned profiles go (its own --out
+    # aside), the laws multilingual models calibrate on, and its logging.
+    ("tune",): frozenset(
+        {"fleet", "model_cache_dir", "device", "threads", "tuned_file", "calibration_dir"}
+        | {"log_level"}
     ),
     # flotilla.lora.cost: a projection onto --gpu, priced by that GPU's setting.
     ("lora", "cost"): frozenset({"price_l4_hour_usd", "price_a10_hour_usd", "price_h100_hour_usd"}),
@@ -260,6 +271,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> Recorded:
     monkeypatch.setattr(flotilla.evaluate, "retrieval", record_async)
     monkeypatch.setattr(flotilla.lora, "train", record)
     monkeypatch.setattr(flotilla.lora, "cost", record)
+    monkeypatch.setattr(flotilla.tune, "tune", record)
     return calls
 
 

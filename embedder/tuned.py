@@ -1,0 +1,158 @@
+"""Tuned profiles: what `flotilla tune` chose per model and device fingerprint, and which
+profile a model is served with.
+
+The file (``embedder/tuned.yaml`` in the package, or ``--tuned-file``) maps a model to
+a device fingerprint (``embedder.device``) to the chosen profile fields and what was
+measured. A fleet entry opts in by leaving the choice to flotilla, ``dtype: auto`` in
+its profile for that device: then a tuned profile for this device replaces the tuned
+fields (runtime, dtype, threads, pass shape, batch budget) and the fleet keeps the rest
+(requests per batch, wait, adapters). A fleet entry that pins a dtype (``float32``,
+``bfloat16``, ...) is served exactly as written. Torch-free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from embedder.fleet import DeviceKind, FleetError, ModelSpec, Profile
+
+# The fields the tuner chooses; a tuned entry holds exactly these.
+TUNED_FIELDS = (
+    "runtime",
+    "dtype",
+    "threads",
+    "forward_tokens",
+    "forward_max_sequences",
+    "max_batch_tokens",
+)
+DEFAULT_TUNED = Path(__file__).resolve().parent / "tuned.yaml"
+HEADER = (
+    "# Tuned profiles, written by `flotilla tune` (see README, 'Tuning'): per model, per\n"
+    "# device fingerprint, the profile fields it chose and what it measured. A fleet\n"
+    "# entry with `dtype: auto` on that device is served with them.\n"
+)
+ProfileSource = Literal["tuned", "fleet", "quick"]
+
+
+class Measured(BaseModel):
+    """What the tuner measured for the chosen profile, and how."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens_per_s: float = Field(description="Real tokens (padding excluded) per second.")
+    worst_cosine: float = Field(description="Worst cosine to torch fp32 on calibration texts.")
+    ndcg_at_10: float | None = Field(default=None, description="On the labelled set, if run.")
+    ndcg_at_10_fp32: float | None = None
+    fp32_tokens_per_s: float | None = Field(
+        default=None, description="torch fp32 at the fleet's shape, in the same run."
+    )
+    runner_up: dict[str, Any] | None = Field(
+        default=None, description="The next best profile that passed the guard, with its tok/s."
+    )
+    calibration: str = Field(default="", description="The calibration texts.")
+    date: str = ""
+    flotilla_version: str = ""
+    command: str = ""
+
+
+class TunedEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: dict[str, Any]
+    measured: Measured
+
+    @field_validator("profile")
+    @classmethod
+    def _tuned_fields_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if extra := set(value) - set(TUNED_FIELDS):
+            raise ValueError(f"not tuned fields: {sorted(extra)}; tuned: {list(TUNED_FIELDS)}")
+        Profile.model_validate(value)  # each value must be valid for its field
+        return value
+
+
+class TunedProfiles(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    models: dict[str, dict[str, TunedEntry]] = Field(default_factory=dict)
+
+    def entry(self, model: str, fingerprint: str) -> TunedEntry | None:
+        return self.models.get(model, {}).get(fingerprint)
+
+    def with_entry(self, model: str, fingerprint: str, entry: TunedEntry) -> TunedProfiles:
+        models = {name: dict(per) for name, per in self.models.items()}
+        models.setdefault(model, {})[fingerprint] = entry
+        return TunedProfiles(models=models)
+
+
+def load_tuned(path: Path | None = None) -> TunedProfiles:
+    """The tuned profiles file (the package's when ``path`` is None); a missing file is
+    empty, a malformed one a FleetError naming it."""
+    path = path or DEFAULT_TUNED
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return TunedProfiles()
+    except (OSError, yaml.YAMLError) as exc:
+        raise FleetError(f"cannot read tuned profiles {path}: {exc}") from exc
+    try:
+        return TunedProfiles.model_validate(raw or {})
+    except ValidationError as exc:
+        raise FleetError(f"tuned profiles {path} are invalid:\n{exc}") from exc
+
+
+def save_tuned(tuned: TunedProfiles, path: Path | None = None) -> Path:
+    path = path or DEFAULT_TUNED
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = yaml.safe_dump(
+        tuned.model_dump(mode="json", exclude_none=True), sort_keys=False, allow_unicode=True
+    )
+    path.write_text(HEADER + body, encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileChoice:
+    """The profile a model is served with on this device, and why."""
+
+    profile: Profile
+    source: ProfileSource
+    fingerprint: str
+    why: str
+
+    def describe(self) -> dict[str, object]:
+        return {"source": self.source, "fingerprint": self.fingerprint, "why": self.why}
+
+    def apply(self, spec: ModelSpec, device: DeviceKind) -> ModelSpec:
+        """``spec`` with this profile for ``device``: what runtimes read (spec.profile)."""
+        return spec.model_copy(update={"profiles": {**spec.profiles, device: self.profile}})
+
+
+def tunable(spec: ModelSpec, device: DeviceKind) -> str | None:
+    """None when the fleet leaves this model's profile to tuning; else why not."""
+    pinned = spec.profile(device).dtype
+    return None if pinned == "auto" else f"the fleet pins dtype {pinned}"
+
+
+def profile_for(
+    spec: ModelSpec, device: DeviceKind, fingerprint: str, tuned: TunedProfiles
+) -> ProfileChoice:
+    """The tuned profile when the fleet opts in (dtype: auto) and the fingerprint
+    matches; the fleet's own profile otherwise, saying why."""
+    fleet = spec.profile(device)
+    if (pinned := tunable(spec, device)) is not None:
+        return ProfileChoice(fleet, "fleet", fingerprint, f"{pinned}; the fleet's profile")
+    entry = tuned.entry(spec.name, fingerprint)
+    if entry is None:
+        why = f"no tuned profile for {fingerprint}; the fleet's profile"
+        return ProfileChoice(fleet, "fleet", fingerprint, why)
+    m = entry.measured
+    why = (
+        f"tuned for {fingerprint} on {m.date or 'an unknown date'}: "
+        f"{m.tokens_per_s:,.0f} tok/s, worst cosine {m.worst_cosine:.5f}"
+    )
+    return ProfileChoice(fleet.model_copy(update=entry.profile), "tuned", fingerprint, why)

@@ -1,0 +1,93 @@
+"""What the tuner tries: a candidate is one setting of the tuned profile fields, and
+the plan says which settings each stage of the search tries."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from embedder.fleet import DeviceKind, Precision, Profile
+from embedder.runtimes import PRECISIONS, RUNTIMES
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    runtime: str
+    dtype: Precision
+    threads: int
+    forward_tokens: int
+    forward_max_sequences: int
+    max_batch_tokens: int
+
+    @staticmethod
+    def of(profile: Profile, threads: int) -> Candidate:
+        """The fleet's own profile as a candidate, with ``threads`` when it says 0."""
+        return Candidate(
+            profile.runtime,
+            profile.dtype,
+            profile.threads or threads,
+            profile.forward_tokens,
+            profile.forward_max_sequences,
+            profile.max_batch_tokens,
+        )
+
+    def fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def but(self, **changes: Any) -> Candidate:
+        return replace(self, **changes)
+
+    @property
+    def load_key(self) -> tuple[object, ...]:
+        """What a runtime is loaded with: all but the batch budget, which only the worker
+        (here, the search) reads."""
+        return (self.runtime, self.dtype, self.threads, self.forward_tokens,
+                self.forward_max_sequences)  # fmt: skip
+
+    @property
+    def label(self) -> str:
+        return (
+            f"{self.runtime}/{self.dtype} {self.forward_tokens}x{self.forward_max_sequences} "
+            f"batch {self.max_batch_tokens} t{self.threads}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The search's budget. Stages: runtime x precision at the fleet's shape; then, for
+    the best ``finalists``, each pass shape; then the batch budget; then threads. Each
+    timing is the best of ``repeats`` rounds, candidates interleaved within a round."""
+
+    texts: int = 240
+    repeats: int = 3
+    finalists: int = 2
+    shapes: tuple[tuple[int, int], ...] = (
+        (1024, 16),
+        (1024, 32),
+        (2048, 32),
+        (2048, 64),
+        (4096, 64),
+        (4096, 128),
+    )
+    batch_tokens: tuple[int, ...] = (2048, 4096, 8192, 16384)
+    threads: tuple[int, ...] = ()  # () : 1, half and all of the usable cores
+    # Within this share of the fastest, the smaller batch budget and fewer threads win:
+    # they cost latency and cores, and such a gap is within a shared machine's noise.
+    tie: float = 0.03
+    quick: bool = False  # the first stage only: what a load-time tune does
+
+
+QUICK = Plan(texts=64, repeats=2, finalists=1, quick=True)
+
+
+def precisions(device: DeviceKind) -> list[tuple[str, Precision]]:
+    """Every registered runtime x the precisions it offers on this kind of device."""
+    return [
+        (runtime, dtype)
+        for runtime in RUNTIMES
+        for dtype in PRECISIONS.get(runtime, {}).get(device, ())
+    ]
+
+
+def thread_counts(plan: Plan, cores: int) -> list[int]:
+    return sorted(set(plan.threads) or {1, max(1, cores // 2), cores})

@@ -1,0 +1,37 @@
+"""The load-time tune (``--untuned quick``): runtime x precision at the fleet's shape on
+a few English calibration texts, seconds per model, for a device with no tuned profile.
+No retrieval check runs at load, so int8 candidates are refused here; `flotilla tune`
+can admit them."""
+
+from __future__ import annotations
+
+from embedder.device import usable_cores
+from embedder.fleet import DeviceKind, ModelSpec
+from embedder.tuned import ProfileChoice
+from embedder.tuning.candidates import QUICK
+from embedder.tuning.corpus import english_sections, mixed_lengths, paragraphs_of
+from embedder.tuning.measure import Workload
+from embedder.tuning.search import Loader, Search
+
+
+def quick_choice(
+    spec: ModelSpec, device: DeviceKind, loader: Loader, threads: int, fingerprint: str
+) -> ProfileChoice:
+    texts = mixed_lengths(paragraphs_of(english_sections()), QUICK.texts)
+    workload = Workload(texts, spec.prompt_prefix(use="document"))
+    cores = usable_cores()
+    outcome = Search(
+        spec, device, loader, workload, threads=threads or cores, cores=cores, plan=QUICK
+    ).run()
+    chosen = outcome.chosen
+    fleet = spec.profile(device)
+    profile = fleet.model_copy(
+        update={"runtime": chosen.candidate.runtime, "dtype": chosen.candidate.dtype}
+    )
+    why = (
+        f"no tuned profile for {fingerprint}; quick tune at load: {chosen.candidate.runtime}/"
+        f"{chosen.candidate.dtype} {chosen.tokens_per_s or 0:,.0f} tok/s "
+        f"(fp32 {outcome.reference.tokens_per_s or 0:,.0f}), worst cosine "
+        f"{chosen.verdict.worst_cosine if chosen.verdict else float('nan'):.5f}"
+    )
+    return ProfileChoice(profile, "quick", fingerprint, why)

@@ -1,0 +1,262 @@
+"""The search: runtime x precision, then pass shape, then batch budget, then threads,
+each stage narrowing the next, every candidate guarded.
+
+Pruning keeps it to minutes: a model's precision decides most of its speed, so
+precisions are compared at the fleet's own shape first and only the best
+``plan.finalists`` go on to the shapes; the batch budget and threads are tuned last,
+around the winner. Candidates of a stage are timed interleaved, best of
+``plan.repeats`` rounds, so a burst of load from another process on a shared machine
+slows all of them alike rather than one. A candidate that fails to load (a runtime
+whose package is missing, a precision it refuses) is reported with its reason.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from embedder.errors import FlotillaError
+from embedder.fleet import DeviceKind, ModelSpec
+from embedder.jobs import Task
+from embedder.runtimes import Runtime
+from embedder.tuning.candidates import Candidate, Plan, precisions, thread_counts
+from embedder.tuning.guard import Verdict, judge, needs_retrieval_check, worst_cosine
+from embedder.tuning.measure import Workload, batches, timed_pass
+from embedder.tuning.retrieval import LabelledSet, ndcg
+
+log = logging.getLogger(__name__)
+
+Loader = Callable[[ModelSpec, DeviceKind, int], Runtime]
+REFERENCE = ("torch", "float32")
+
+
+class TuneError(FlotillaError):
+    """Tuning cannot go on: no reference, nothing passed the guard, a task it cannot tune."""
+
+    code = "tune_error"
+
+
+class Progress(Protocol):
+    def stage(self, name: str, steps: int) -> None: ...
+
+    def advance(self, label: str) -> None: ...
+
+
+class NoProgress:
+    def stage(self, name: str, steps: int) -> None:
+        log.info("tuning: %s (%d steps)", name, steps)
+
+    def advance(self, label: str) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class Trial:
+    stage: str
+    candidate: Candidate
+    tokens_per_s: float | None = None
+    verdict: Verdict | None = None
+    error: str | None = None  # it did not load or run
+
+    @property
+    def refused(self) -> str | None:
+        return self.error or (self.verdict.refused if self.verdict else "not measured")
+
+    @property
+    def passed(self) -> bool:
+        return self.refused is None
+
+
+@dataclass(slots=True)
+class Outcome:
+    model: str
+    device: DeviceKind
+    chosen: Trial
+    reference: Trial  # torch fp32 at the fleet's shape: the vectors all are judged against
+    fp32: Trial  # the same, timed in the rounds the chosen profile was last timed in
+    runner_up: Trial | None  # the best of another runtime x precision
+    ndcg_fp32: float | None
+    trials: list[Trial] = field(default_factory=list)
+
+
+class Search:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        device: DeviceKind,
+        loader: Loader,
+        workload: Workload,
+        *,
+        threads: int,
+        cores: int,
+        plan: Plan,
+        labelled: LabelledSet | None = None,
+        progress: Progress | None = None,
+    ) -> None:
+        if spec.task is not Task.EMBED:
+            raise TuneError(f"model {spec.name!r} is a {spec.task}: only embedders are tuned")
+        self.spec, self.device, self.loader, self.workload = spec, device, loader, workload
+        self.threads, self.cores, self.plan = threads, cores, plan
+        self.labelled = labelled
+        self.progress = progress or NoProgress()
+        self.trials: list[Trial] = []
+        self.reference_out: NDArray[np.float32] | None = None
+        self.ndcg_fp32: float | None = None
+        self.ndcg_of: dict[tuple[str, str], float] = {}  # runtime x precision -> nDCG@10
+
+    # -- running candidates ---------------------------------------------------
+
+    def _load(self, candidate: Candidate) -> Runtime | str:
+        profile = self.spec.profile(self.device).model_copy(update=candidate.fields())
+        spec = self.spec.model_copy(
+            update={"profiles": {**self.spec.profiles, self.device: profile}}
+        )
+        try:
+            return self.loader(spec, self.device, candidate.threads)
+        except Exception as exc:  # a candidate that cannot load is reported, not fatal
+            return f"did not load: {type(exc).__name__}: {exc}"
+
+    def _stage(
+        self, name: str, candidates: Sequence[Candidate], *, reload: bool = False
+    ) -> list[Trial]:
+        """Time each candidate: warm-up, then ``repeats`` interleaved rounds, best kept.
+        ``reload`` loads each candidate afresh before each of its timings (threads: torch's
+        thread count is process-wide, set when a runtime loads)."""
+        unique = list(dict.fromkeys(candidates))
+        trials = [Trial(name, c) for c in unique]
+        self.progress.stage(name, len(trials) * (self.plan.repeats + 1))
+        loaded: dict[tuple[object, ...], Runtime | str] = {}
+        best: dict[int, float] = {}
+        outputs: dict[int, NDArray[np.float32]] = {}
+
+        def run(i: int, trial: Trial, counted: bool) -> None:
+            key = trial.candidate.load_key
+            runtime = self._load(trial.candidate) if reload else loaded.get(key)
+            if runtime is None:
+                runtime = loaded[key] = self._load(trial.candidate)
+            if isinstance(runtime, str):
+                trial.error = runtime
+                return
+            try:
+                encoded = self.workload.encode(runtime)
+                parts = batches(encoded, trial.candidate.max_batch_tokens)
+                if reload or not counted:
+                    timed_pass(runtime, parts)  # warm-up: first calls pick kernels
+                seconds, out = timed_pass(runtime, parts)
+            except Exception as exc:
+                trial.error = f"failed to run: {type(exc).__name__}: {exc}"
+                return
+            if counted:
+                best[i] = min(best.get(i, float("inf")), seconds)
+                outputs.setdefault(i, out)
+                trial.tokens_per_s = encoded.tokens / best[i]
+            self._retrieval(trial, runtime)
+
+        for counted in (False, *([True] * self.plan.repeats)):
+            for i, trial in enumerate(trials):
+                if trial.error is None and not (reload and not counted):
+                    run(i, trial, counted)
+                self.progress.advance(trial.candidate.label)
+        for i, trial in enumerate(trials):
+            if trial.error is None and i in outputs:
+                self._guard(trial, outputs[i])
+        self.trials.extend(trials)
+        return trials
+
+    def _retrieval(self, trial: Trial, runtime: Runtime) -> None:
+        """nDCG@10 once per runtime x precision that needs it (and for fp32, the bar)."""
+        c = trial.candidate
+        if self.labelled is None or (c.runtime, c.dtype) in self.ndcg_of:
+            return
+        bar_needed = any(needs_retrieval_check(d) for _, d in precisions(self.device))
+        if needs_retrieval_check(c.dtype) or ((c.runtime, c.dtype) == REFERENCE and bar_needed):
+            self.ndcg_of[(c.runtime, c.dtype)] = ndcg(runtime, self.spec, self.labelled)
+
+    def _guard(self, trial: Trial, out: NDArray[np.float32]) -> None:
+        c = trial.candidate
+        if (c.runtime, c.dtype) == REFERENCE and self.reference_out is None:
+            self.reference_out = out
+        if self.reference_out is None:  # the reference failed: run() says so
+            trial.error = "no torch fp32 reference to compare with"
+            return
+        try:
+            cosine = worst_cosine(self.reference_out, out)
+        except ValueError as exc:
+            trial.error = f"wrong output: {exc}"
+            return
+        self.ndcg_fp32 = self.ndcg_of.get(REFERENCE)
+        trial.verdict = judge(
+            c.dtype, cosine, self.ndcg_of.get((c.runtime, c.dtype)), self.ndcg_fp32
+        )
+
+    # -- choosing -------------------------------------------------------------
+
+    def _best(
+        self, trials: Sequence[Trial], prefer: Callable[[Candidate], int] | None = None
+    ) -> Trial:
+        passed = sorted((t for t in trials if t.passed), key=lambda t: -(t.tokens_per_s or 0))
+        if not passed:
+            reasons = "; ".join(f"{t.candidate.label}: {t.refused}" for t in trials)
+            raise TuneError(f"{self.spec.name}: no candidate passed: {reasons}")
+        if prefer is None:
+            return passed[0]
+        fastest = passed[0].tokens_per_s or 0
+        close = [t for t in passed if (t.tokens_per_s or 0) >= fastest * (1 - self.plan.tie)]
+        return min(close, key=lambda t: prefer(t.candidate))
+
+    def run(self) -> Outcome:
+        fleet = Candidate.of(self.spec.profile(self.device), self.threads)
+        options = precisions(self.device)
+        if REFERENCE not in options:
+            raise TuneError("the torch runtime's float32 is the reference and is not registered")
+        # The reference first: every other candidate is judged against its outputs.
+        first = [fleet.but(runtime=r, dtype=d) for r, d in [REFERENCE, *options]]
+        stage1 = self._stage("runtime x precision", first)
+        reference = next(t for t in stage1 if (t.candidate.runtime, t.candidate.dtype) == REFERENCE)
+        if reference.error is not None:
+            raise TuneError(f"the torch fp32 reference failed: {reference.error}")
+        ranked = sorted((t for t in stage1 if t.passed), key=lambda t: -(t.tokens_per_s or 0))
+        chosen, fp32 = self._best(stage1), reference
+        if not self.plan.quick:
+            shaped = []
+            for t in ranked[: self.plan.finalists]:
+                c = t.candidate
+                shapes = [
+                    c.but(forward_tokens=ft, forward_max_sequences=fs)
+                    for ft, fs in self.plan.shapes
+                ]
+                stage = self._stage(f"pass shape, {c.runtime}/{c.dtype}", [c, *shapes])
+                shaped.append(self._best(stage))
+            budgets = [
+                t.candidate.but(max_batch_tokens=m)
+                for t in shaped
+                for m in sorted({*self.plan.batch_tokens, t.candidate.max_batch_tokens})
+                # A budget far below a pass only cuts passes short; the shape's own stays.
+                if m >= t.candidate.forward_tokens // 2 or m == t.candidate.max_batch_tokens
+            ]
+            winner = self._best(self._stage("batch budget", budgets), lambda c: c.max_batch_tokens)
+            counts = thread_counts(self.plan, self.cores)
+            threads = [winner.candidate.but(threads=n) for n in counts]
+            # fp32 again, in the same rounds: the speed-up recorded is against this timing,
+            # not the first stage's (a shared machine's load drifts over minutes).
+            last = self._stage("threads", [*threads, reference.candidate], reload=True)
+            fp32 = next(t for t in last if t.candidate == reference.candidate)
+            contenders = [t for t in last if t.candidate in threads]
+            chosen = self._best(contenders, lambda c: c.threads)
+        chosen_precision = (chosen.candidate.runtime, chosen.candidate.dtype)
+        others = [t for t in ranked if (t.candidate.runtime, t.candidate.dtype) != chosen_precision]
+        return Outcome(
+            self.spec.name,
+            self.device,
+            chosen,
+            reference,
+            fp32,
+            others[0] if others else None,
+            self.ndcg_fp32,
+            self.trials,
+        )

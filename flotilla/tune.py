@@ -1,0 +1,273 @@
+"""`flotilla tune`: search this device for each model's fastest profile that computes the
+same model, report it (table, JSON, PNG) and write it into the tuned profiles file.
+
+The search and its guard are ``embedder.tuning``; this module picks the calibration
+texts and the labelled set (German law from ``lora.gesetze`` for multilingual models,
+the Python language reference for English ones), shows progress, and writes results.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from embedder.device import fingerprint, usable_cores
+from embedder.fleet import DeviceKind, ModelSpec
+from embedder.runtimes import detect_device, load_runtime
+from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned
+from embedder.tuning.candidates import QUICK, Plan
+from embedder.tuning.corpus import TextSection, english_sections, mixed_lengths, paragraphs_of
+from embedder.tuning.measure import Workload
+from embedder.tuning.retrieval import LabelledSet, Qrels, Run
+from embedder.tuning.search import Loader, Outcome, Search, Trial
+from flotilla import __version__
+from flotilla.settings import Settings
+from flotilla.wiring import configured_fleet
+from lora.gesetze import Law, Section, read_laws
+from lora.metrics import evaluate
+from lora.pairs import retrieval_set
+
+Calibration = Literal["auto", "english", "gesetze"]
+# Models whose languages the laws fit; the rest calibrate on English prose.
+GERMAN = frozenset({"multilingual-e5-small"})
+# Small laws with many short sections: a labelled set that embeds in seconds.
+LABELLED_LAWS = ("burlg", "arbzg", "kschg", "tzbfg", "prodhaftg", "agg", "bdsg")
+LABELLED_MAX_QUERIES = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Calibrated:
+    workload: Workload
+    labelled: LabelledSet
+    note: str  # what was used, and any fallback
+
+
+def ndcg10(run: Run, qrels: Qrels) -> float:
+    return evaluate(run, qrels)["ndcg@10"]
+
+
+def _labelled(name: str, laws: Sequence[Law]) -> LabelledSet:
+    held = retrieval_set(laws)
+    queries = dict(list(held.queries.items())[:LABELLED_MAX_QUERIES])
+    qrels = {q: held.qrels[q] for q in queries}
+    corpus = {s.id: s.body for s in held.corpus}
+    return LabelledSet(name, queries, corpus, qrels, ndcg10)
+
+
+def _as_law(sections: Sequence[TextSection]) -> Law:
+    """The Python reference's sections in the laws' shape, for the same heading -> section
+    labelled set (a heading's relevant passages: every section it titles)."""
+    return Law(
+        "python-reference",
+        "PY",
+        "Python language reference topics",
+        tuple(Section("py", f"s{i}", s.title, s.body) for i, s in enumerate(sections)),
+    )
+
+
+def calibration(
+    spec: ModelSpec, which: Calibration, laws_dir: Path, texts: int, console: Console
+) -> Calibrated:
+    prefix = spec.prompt_prefix(use="document")
+    german = which == "gesetze" or (which == "auto" and spec.name in GERMAN)
+    laws = read_laws(laws_dir) if german and laws_dir.is_dir() else []
+    if laws and any(law.sections for law in laws):
+        paragraphs = [p for law in laws for s in law.sections for p in s.body.split("\n")]
+        small = [law for law in laws if law.slug in LABELLED_LAWS] or laws[:1]
+        slugs = ",".join(law.slug for law in small)
+        note = f"German law from {laws_dir} ({len(laws)} laws); labelled set: {slugs}"
+        return Calibrated(
+            Workload(mixed_lengths(paragraphs, texts), prefix), _labelled(slugs, small), note
+        )
+    sections = english_sections()
+    note = "English: Python's language reference topics (pydoc_data.topics)"
+    if german:
+        note += f"; no German laws at {laws_dir} (--calibration-dir), so English instead"
+        console.print(f"[yellow]{spec.name}: {note}[/]")
+    workload = Workload(mixed_lengths(paragraphs_of(sections), texts), prefix)
+    return Calibrated(workload, _labelled("python-reference", [_as_law(sections)]), note)
+
+
+class RichProgress:
+    def __init__(self, progress: Progress, model: str) -> None:
+        self.progress, self.model = progress, model
+        self.task: Any = None
+
+    def stage(self, name: str, steps: int) -> None:
+        if self.task is not None:
+            self.progress.remove_task(self.task)
+        self.task = self.progress.add_task(f"{self.model}: {name}", total=steps, label="")
+
+    def advance(self, label: str) -> None:
+        self.progress.update(self.task, advance=1, label=label)
+
+
+def _trial_row(t: Trial) -> dict[str, Any]:
+    return {
+        "stage": t.stage,
+        **t.candidate.fields(),
+        "tokens_per_s": t.tokens_per_s,
+        "worst_cosine": t.verdict.worst_cosine if t.verdict else None,
+        "ndcg_at_10": t.verdict.ndcg if t.verdict else None,
+        "refused": t.refused,
+    }
+
+
+def table(outcome: Outcome) -> Table:
+    """Every candidate; x is against torch fp32 timed in the same stage's rounds (the
+    first and the last stage time it), so a machine's drifting load cancels out."""
+    fp32 = {
+        t.stage: t.tokens_per_s
+        for t in outcome.trials
+        if t.candidate == outcome.reference.candidate
+    }
+    out = Table(title=f"{outcome.model}: every candidate (x: against torch fp32, same stage)")
+    columns = ("stage", "runtime/dtype", "pass", "batch", "threads", "tok/s", "x", "worst cos")
+    for column in (*columns, "nDCG@10", "verdict"):
+        out.add_column(column, justify="right" if column in columns[2:] else "left")
+    for t in outcome.trials:
+        row = _trial_row(t)
+        mark = "[bold green]chosen[/]" if t is outcome.chosen else ("ok" if t.passed else "")
+        out.add_row(
+            t.stage,
+            f"{t.candidate.runtime}/{t.candidate.dtype}",
+            f"{t.candidate.forward_tokens}x{t.candidate.forward_max_sequences}",
+            str(t.candidate.max_batch_tokens),
+            str(t.candidate.threads),
+            f"{t.tokens_per_s:,.0f}" if t.tokens_per_s else "-",
+            f"{t.tokens_per_s / base:.2f}"
+            if t.tokens_per_s and (base := fp32.get(t.stage))
+            else "-",
+            f"{row['worst_cosine']:.5f}" if row["worst_cosine"] is not None else "-",
+            f"{row['ndcg_at_10']:.4f}" if row["ndcg_at_10"] is not None else "-",
+            mark or f"[red]refused: {t.refused}[/]",
+        )
+    return out
+
+
+def plot(outcome: Outcome, path: Path) -> str:
+    """Speed against worst cosine, the chosen point marked; a note when matplotlib is
+    missing (it is a bench/dev dependency)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "no PNG: matplotlib is not installed (pip install 'flotilla[bench]')"
+    measured = [t for t in outcome.trials if t.tokens_per_s and t.verdict]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for passed, colour in ((True, "tab:blue"), (False, "tab:red")):
+        pts = [t for t in measured if t.passed == passed]
+        ax.scatter(
+            [t.verdict.worst_cosine for t in pts if t.verdict],
+            [t.tokens_per_s or 0.0 for t in pts],
+            c=colour,
+            label="passed" if passed else "refused",
+            alpha=0.7,
+        )
+    c = outcome.chosen
+    if c.verdict is not None:
+        ax.scatter([c.verdict.worst_cosine], [c.tokens_per_s or 0.0], marker="*", s=300, c="gold",
+                   edgecolors="black", label=f"chosen: {c.candidate.label}", zorder=3)  # fmt: skip
+    ax.axvline(0.999, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("worst cosine to torch fp32 (calibration texts)")
+    ax.set_ylabel("real tokens/s")
+    ax.set_title(f"flotilla tune: {outcome.model}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"PNG: {path}"
+
+
+def entry(outcome: Outcome, note: str, command: str) -> TunedEntry:
+    c, up = outcome.chosen, outcome.runner_up
+    return TunedEntry(
+        profile=c.candidate.fields(),
+        measured=Measured(
+            tokens_per_s=round(c.tokens_per_s or 0.0, 1),
+            worst_cosine=round(c.verdict.worst_cosine if c.verdict else 0.0, 6),
+            ndcg_at_10=c.verdict.ndcg if c.verdict else None,
+            ndcg_at_10_fp32=outcome.ndcg_fp32,
+            fp32_tokens_per_s=round(outcome.fp32.tokens_per_s or 0.0, 1),
+            runner_up={**up.candidate.fields(), "tokens_per_s": round(up.tokens_per_s or 0, 1)}
+            if up is not None
+            else None,
+            calibration=note,
+            date=dt.date.today().isoformat(),
+            flotilla_version=__version__,
+            command=command,
+        ),
+    )
+
+
+def tune(
+    settings: Settings,
+    models: Sequence[str],
+    *,
+    quick: bool = False,
+    write: bool = True,
+    out: Path | None = None,
+    results: Path = Path("tune-results"),
+    which: Calibration = "auto",
+    plan: Plan | None = None,
+    loader: Loader = load_runtime,
+) -> list[Outcome]:
+    console = Console(stderr=True)
+    fleet = configured_fleet(settings)
+    specs = [fleet.get(name) for name in models] or list(fleet.models.values())
+    device: DeviceKind = detect_device() if settings.device == "auto" else settings.device
+    fp = fingerprint(device)
+    plan = plan or (QUICK if quick else Plan())
+    cores = usable_cores()
+    command = "flotilla tune " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["tune"] else "tune()"
+    target = out or settings.tuned_file
+    tuned = load_tuned(target)
+    results.mkdir(parents=True, exist_ok=True)
+    outcomes = []
+    console.print(f"device {fp}; the machine may be shared: figures are best of {plan.repeats}")
+    for spec in specs:
+        cal = calibration(spec, which, settings.calibration_dir, plan.texts, console)
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("{task.fields[label]}"))  # fmt: skip
+        with Progress(*columns, console=console, transient=True) as bar:
+            outcome = Search(
+                spec,
+                device,
+                loader,
+                cal.workload,
+                threads=settings.threads or cores,
+                cores=cores,
+                plan=plan,
+                labelled=cal.labelled,
+                progress=RichProgress(bar, spec.name),
+            ).run()
+        outcomes.append(outcome)
+        Console(width=None if sys.stdout.isatty() else 160).print(table(outcome))
+        stem = results / re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{spec.name}-{fp}")
+        made = entry(outcome, cal.note, command)
+        report = {
+            "model": spec.name,
+            "fingerprint": fp,
+            "plan": {k: getattr(plan, k) for k in plan.__dataclass_fields__},
+            "chosen": made.model_dump(mode="json"),
+            "trials": [_trial_row(t) for t in outcome.trials],
+        }
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        picture = plot(outcome, stem.with_suffix(".png"))
+        console.print(f"JSON: {stem.with_suffix('.json')}; {picture}")
+        if write:
+            tuned = tuned.with_entry(spec.name, fp, made)
+            console.print(f"{spec.name}: tuned profile written to {save_tuned(tuned, target)}")
+    return outcomes

@@ -1,0 +1,98 @@
+"""Which profile a model is served with: the tuned one where the fingerprint matches and
+the fleet leaves the choice open (dtype: auto), the fleet's own otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from embedder.fleet import Fleet, FleetError, ModelSpec
+from embedder.tuned import (
+    DEFAULT_TUNED,
+    Measured,
+    TunedEntry,
+    TunedProfiles,
+    load_tuned,
+    profile_for,
+    save_tuned,
+)
+
+FP = "cpu:amd-epyc:avx2+avx512_bf16:2c"
+TUNED_FIELDS = {
+    "runtime": "torch",
+    "dtype": "bfloat16",
+    "threads": 1,
+    "forward_tokens": 1024,
+    "forward_max_sequences": 32,
+    "max_batch_tokens": 4096,
+}
+
+
+def spec(dtype: str = "auto") -> ModelSpec:
+    fleet = Fleet.model_validate(
+        {
+            "models": {
+                "m": {
+                    "source": {"path": "/tmp"},
+                    "profiles": {
+                        "cpu": {"dtype": dtype, "max_wait_ms": 7, "max_batch_requests": 9}
+                    },
+                }
+            }
+        }
+    )
+    return fleet.get("m")
+
+
+def tuned() -> TunedProfiles:
+    entry = TunedEntry(
+        profile=TUNED_FIELDS, measured=Measured(tokens_per_s=20_000, worst_cosine=0.9999)
+    )
+    return TunedProfiles().with_entry("m", FP, entry)
+
+
+def test_a_matching_fingerprint_gets_the_tuned_fields_and_keeps_the_fleets_others() -> None:
+    choice = profile_for(spec(), "cpu", FP, tuned())
+    assert choice.source == "tuned"
+    assert choice.profile.model_dump(include=set(TUNED_FIELDS)) == TUNED_FIELDS
+    assert (choice.profile.max_wait_ms, choice.profile.max_batch_requests) == (7, 9)
+    assert FP in choice.why and "20,000 tok/s" in choice.why
+    served = choice.apply(spec(), "cpu")
+    assert served.profile("cpu") == choice.profile
+
+
+def test_another_device_gets_the_fleets_profile_and_says_why() -> None:
+    other = "cpu:intel-xeon:amx_bf16:2c"
+    choice = profile_for(spec(), "cpu", other, tuned())
+    assert choice.source == "fleet"
+    assert choice.profile == spec().profile("cpu")
+    assert choice.why == f"no tuned profile for {other}; the fleet's profile"
+
+
+def test_a_fleet_that_pins_its_dtype_keeps_it_even_where_a_tuned_profile_matches() -> None:
+    choice = profile_for(spec("float32"), "cpu", FP, tuned())
+    assert choice.source == "fleet"
+    assert choice.profile.dtype == "float32"
+    assert "pins dtype float32" in choice.why
+
+
+def test_the_file_round_trips_and_keeps_other_entries(tmp_path: Path) -> None:
+    path = save_tuned(tuned(), tmp_path / "tuned.yaml")
+    again = load_tuned(path)
+    assert again == tuned()
+    more = again.with_entry("m", "cpu:other:none:8c", again.models["m"][FP])
+    assert set(load_tuned(save_tuned(more, path)).models["m"]) == {FP, "cpu:other:none:8c"}
+    assert path.read_text().startswith("# Tuned profiles")
+
+
+def test_a_missing_file_is_empty_and_a_malformed_one_names_itself(tmp_path: Path) -> None:
+    assert load_tuned(tmp_path / "absent.yaml") == TunedProfiles()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("models: {m: {fp: {profile: {max_wait_ms: 3}, measured: {}}}}")
+    with pytest.raises(FleetError, match=r"bad\.yaml"):
+        load_tuned(bad)
+
+
+def test_the_shipped_file_is_valid() -> None:
+    load_tuned(DEFAULT_TUNED)
