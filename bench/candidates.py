@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import Any, TypeVar
 
 import yaml
 
-from embedder.fleet import DeviceKind, ModelSpec, Precision, Profile
+from embedder.fleet import DeviceKind, ModelSpec, Profile
+from embedder.runtimes import PRECISIONS
 
 # The host-path runtime has the real tokenizer and no model: its vectors mean
 # nothing, so an engine row of it would be a speed without a result.
@@ -44,19 +44,16 @@ def with_profile(spec: ModelSpec, device: DeviceKind, **changes: object) -> Mode
     return spec.model_copy(update={"profiles": {**spec.profiles, device: profile}})
 
 
-def precisions_of(runtime: str, device: DeviceKind, registry: object | None = None) -> list[str]:
-    """The precisions ``runtime`` offers, from ``embedder.runtimes.PRECISIONS`` when the
-    registry has one (runtime -> precisions), else every concrete ``Precision`` (a
-    runtime refuses the ones it cannot run, and the row is skipped with its reason)
-    but float16 on a CPU, which the contract reserves for CUDA."""
-    if registry is None:
-        registry = getattr(importlib.import_module("embedder.runtimes"), "PRECISIONS", None)
-    if isinstance(registry, Mapping) and runtime in registry:
-        offered = registry[runtime]
-        names = list(offered) if isinstance(offered, Iterable) else []
-        return [str(p) for p in names if p != "auto"]
-    every = [p for p in typing.get_args(Precision) if p != "auto"]
-    return [p for p in every if not (device == "cpu" and p == "float16")]
+def precisions_of(
+    runtime: str,
+    device: DeviceKind,
+    registry: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+) -> list[str]:
+    """The precisions ``runtime`` offers on ``device``: ``embedder.runtimes.PRECISIONS``
+    (runtime -> device -> precisions); none for a runtime it does not list (the emulated
+    device computes no model)."""
+    offered = (PRECISIONS if registry is None else registry).get(runtime, {})
+    return [str(p) for p in offered.get(device, ()) if p != "auto"]
 
 
 def runtime_candidates(

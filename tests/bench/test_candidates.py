@@ -49,16 +49,18 @@ def test_only_keeps_the_named_runtimes(spec: ModelSpec) -> None:
     assert [c.key for c in chosen] == ["onnx-float32"]
 
 
-def test_precisions_come_from_the_registry_when_it_has_one() -> None:
-    registry = {"onnx": ("auto", "float32", "int8")}
+def test_precisions_come_from_the_registry_per_device() -> None:
+    registry = {"onnx": {"cpu": ("auto", "float32", "int8"), "cuda": ("float32",)}}
     assert precisions_of("onnx", "cpu", registry) == ["float32", "int8"]
+    assert precisions_of("onnx", "cuda", registry) == ["float32"]
+    assert precisions_of("emulated", "cpu", registry) == []
 
 
-def test_without_a_registry_every_precision_but_cudas_float16_on_cpu() -> None:
-    on_cpu = precisions_of("torch", "cpu", registry={})
-    assert "auto" not in on_cpu and "float16" not in on_cpu
-    assert {"float32", "bfloat16", "int8"} <= set(on_cpu)
-    assert "float16" in precisions_of("torch", "cuda", registry={})
+def test_the_real_registry_offers_cudas_float16_only_on_cuda() -> None:
+    on_cpu = precisions_of("torch", "cpu")
+    assert set(on_cpu) == {"float32", "bfloat16", "bfloat16-autocast"}
+    assert "float16" in precisions_of("torch", "cuda")
+    assert precisions_of("emulated", "cpu") == []
 
 
 def test_with_profile_validates_the_fields(spec: ModelSpec) -> None:
