@@ -133,9 +133,14 @@ class ProfileChoice:
 
 
 def tunable(spec: ModelSpec, device: DeviceKind) -> str | None:
-    """None when the fleet leaves this model's profile to tuning; else why not."""
-    pinned = spec.profile(device).dtype
-    return None if pinned == "auto" else f"the fleet pins dtype {pinned}"
+    """None when the fleet leaves this model's profile to tuning; else why not. Naming a
+    runtime is a choice as much as pinning a dtype (the emulated device, say)."""
+    profile = spec.profile(device)
+    if profile.dtype != "auto":
+        return f"the fleet pins dtype {profile.dtype}"
+    if "runtime" in profile.model_fields_set:
+        return f"the fleet names runtime {profile.runtime}"
+    return None
 
 
 def profile_for(

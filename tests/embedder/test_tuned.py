@@ -29,18 +29,10 @@ TUNED_FIELDS = {
 }
 
 
-def spec(dtype: str = "auto") -> ModelSpec:
+def spec(dtype: str = "auto", **fields: object) -> ModelSpec:
+    profile = {"dtype": dtype, "max_wait_ms": 7, "max_batch_requests": 9, **fields}
     fleet = Fleet.model_validate(
-        {
-            "models": {
-                "m": {
-                    "source": {"path": "/tmp"},
-                    "profiles": {
-                        "cpu": {"dtype": dtype, "max_wait_ms": 7, "max_batch_requests": 9}
-                    },
-                }
-            }
-        }
+        {"models": {"m": {"source": {"path": "/tmp"}, "profiles": {"cpu": profile}}}}
     )
     return fleet.get("m")
 
@@ -75,6 +67,13 @@ def test_a_fleet_that_pins_its_dtype_keeps_it_even_where_a_tuned_profile_matches
     assert choice.source == "fleet"
     assert choice.profile.dtype == "float32"
     assert "pins dtype float32" in choice.why
+
+
+def test_a_fleet_that_names_its_runtime_keeps_it_even_where_a_tuned_profile_matches() -> None:
+    choice = profile_for(spec(runtime="emulated"), "cpu", FP, tuned())
+    assert choice.source == "fleet"
+    assert choice.profile.runtime == "emulated"
+    assert "names runtime emulated" in choice.why
 
 
 def test_the_file_round_trips_and_keeps_other_entries(tmp_path: Path) -> None:
