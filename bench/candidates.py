@@ -10,7 +10,6 @@ runtime that refuses a precision says so with a classified error.
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,8 +18,10 @@ from typing import Any, TypeVar
 
 import yaml
 
+from embedder.device import fingerprint
 from embedder.fleet import DeviceKind, ModelSpec, Profile
 from embedder.runtimes import PRECISIONS
+from embedder.tuned import TunedProfiles, load_tuned, profile_for
 
 # The host-path runtime has the real tokenizer and no model: its vectors mean
 # nothing, so an engine row of it would be a speed without a result.
@@ -104,25 +105,17 @@ def profile_candidate(spec: ModelSpec, device: DeviceKind, path: Path) -> Candid
     return Candidate("profile", f"profile from {path.name}", overridden)
 
 
-def tuned_candidate(spec: ModelSpec, device: DeviceKind) -> Candidate | str:
-    """The tuned profile for this device, or the reason there is none."""
-    try:
-        tuned = importlib.import_module("embedder.tuned")
-    except ImportError:
-        return "no tuned profile: this build has no embedder.tuned"
-    profile_for = getattr(tuned, "profile_for", None)
-    if profile_for is None:
-        return "no tuned profile: embedder.tuned has no profile_for"
-    try:
-        profile = profile_for(spec, device)
-    except Exception as exc:  # a lookup that fails must not end the benchmark
-        return f"no tuned profile: profile_for failed: {type(exc).__name__}: {exc}"
-    if profile is None:
-        return f"no tuned profile for {spec.name} on this {device} device"
-    if not isinstance(profile, Profile):
-        return f"no tuned profile: profile_for returned {type(profile).__name__}"
-    overridden = spec.model_copy(update={"profiles": {**spec.profiles, device: profile}})
-    return Candidate("tuned", f"tuned profile ({profile.runtime}, {profile.dtype})", overridden)
+def tuned_candidate(
+    spec: ModelSpec, device: DeviceKind, tuned: TunedProfiles | None = None
+) -> Candidate | str:
+    """The tuned profile for this device, as ``flotilla serve`` would choose it, or why
+    there is none (no entry for this fingerprint, or the fleet pins its choice)."""
+    choice = profile_for(spec, device, fingerprint(device), tuned or load_tuned())
+    if choice.source != "tuned":
+        return f"no tuned profile: {choice.why}"
+    profile = choice.profile
+    label = f"tuned profile ({profile.runtime}, {profile.dtype})"
+    return Candidate("tuned", label, choice.apply(spec, device))
 
 
 def load_each(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,9 @@ from bench.candidates import (
     tuned_candidate,
     with_profile,
 )
-from embedder.fleet import ModelSpec, Profile
+from embedder.device import fingerprint
+from embedder.fleet import ModelSpec
+from embedder.tuned import TunedProfiles
 from tests.fakes import fake_fleet
 
 
@@ -114,19 +114,22 @@ def test_a_bad_profile_file_is_a_clear_error(
         profile_candidate(spec, "cpu", path)
 
 
-def test_tuned_row_is_skipped_with_a_reason_without_the_tuned_api(
-    spec: ModelSpec, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(sys.modules, "embedder.tuned", None)  # import fails
-    assert "no tuned profile" in str(tuned_candidate(spec, "cpu"))
-
-
-def test_tuned_row_uses_profile_for(spec: ModelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = types.ModuleType("embedder.tuned")
-    tuned = Profile(dtype="bfloat16", forward_tokens=1024)
-    module.profile_for = lambda s, device: tuned if device == "cpu" else None  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "embedder.tuned", module)
-    got = tuned_candidate(spec, "cpu")
+def test_tuned_row_is_the_profile_serve_would_choose(spec: ModelSpec) -> None:
+    fields = {"runtime": "openvino", "dtype": "bfloat16", "forward_tokens": 1024}
+    tuned = TunedProfiles.model_validate(
+        {
+            "models": {
+                spec.name: {
+                    fingerprint("cpu"): {
+                        "profile": fields,
+                        "measured": {"tokens_per_s": 1.0, "worst_cosine": 1.0},
+                    }
+                }
+            }
+        }
+    )
+    got = tuned_candidate(spec, "cpu", tuned)
     assert isinstance(got, Candidate) and got.key == "tuned"
-    assert got.spec.profile("cpu") == tuned
-    assert tuned_candidate(spec, "cuda") == "no tuned profile for m on this cuda device"
+    assert got.spec.profile("cpu").model_dump(include=set(fields)) == fields
+    missing = tuned_candidate(spec, "cpu", TunedProfiles())
+    assert isinstance(missing, str) and "no tuned profile for cpu:" in missing
