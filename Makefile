@@ -41,6 +41,8 @@ bench: kafka-jars
 	$(BIN)/flotilla bench cluster
 	$(BIN)/flotilla bench cluster --real
 	$(BIN)/flotilla bench adapters
+	$(BIN)/flotilla bench hostpath
+	$(BIN)/flotilla bench adaptive
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
