@@ -59,15 +59,24 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def read_cpuinfo() -> str:
+    """/proc/cpuinfo's text; empty where there is none (not Linux)."""
+    try:
+        return CPUINFO.read_text(encoding="ascii", errors="ignore")
+    except OSError:
+        return ""
+
+
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (avx512_bf16, avx512_vnni, ...): what runtimes check
+    before choosing kernels."""
+    return parse_cpuinfo(read_cpuinfo())[1]
+
+
 def cpu_fingerprint(cpuinfo: str | None = None, cores: int | None = None) -> str:
     """``cpu:<model>:<speed flags joined by +, or 'none'>:<cores>c``. ``cpuinfo`` is the
     text of /proc/cpuinfo (read when not given; 'unknown' where there is none)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = CPUINFO.read_text(encoding="ascii", errors="ignore")
-        except OSError:
-            cpuinfo = ""
-    model, flags = parse_cpuinfo(cpuinfo)
+    model, flags = parse_cpuinfo(read_cpuinfo() if cpuinfo is None else cpuinfo)
     speed = "+".join(sorted(flags.intersection(SPEED_FLAGS))) or "none"
     return f"cpu:{_slug(model)}:{speed}:{cores if cores is not None else usable_cores()}c"
 

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-MIN_COSINE = 0.999
+from embedder import runtimes
+
+MIN_COSINE = runtimes.MIN_COSINE  # the guard every reduced precision of flotilla's passes
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,7 @@ def worst_cosine(got: NDArray[np.float32], expected: NDArray[np.float32]) -> flo
     """Worst per-row cosine of two (n, dim) arrays; -1 when the shapes differ."""
     if got.shape != expected.shape or got.ndim != 2 or len(got) == 0:
         return -1.0
-    a = got / np.maximum(np.linalg.norm(got, axis=1, keepdims=True), 1e-12)
-    b = expected / np.maximum(np.linalg.norm(expected, axis=1, keepdims=True), 1e-12)
-    return float((a * b).sum(axis=1).min())
+    return runtimes.worst_cosine(expected, got)
 
 
 def accuracy_gate(worst: float, min_cosine: float = MIN_COSINE) -> str | None:

@@ -20,6 +20,15 @@ from embedder.jobs import TruncationSide
 MIN_COSINE = 0.999
 
 
+def worst_cosine(reference: NDArray[np.float32], vectors: NDArray[np.float32]) -> float:
+    """The smallest row-wise cosine between two (n, dim) arrays of the same texts."""
+    if reference.shape != vectors.shape:
+        raise ValueError(f"outputs of shape {vectors.shape}, the reference's {reference.shape}")
+    a = reference / np.maximum(np.linalg.norm(reference, axis=1, keepdims=True), 1e-12)
+    b = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+    return float((a * b).sum(axis=1).min())
+
+
 @dataclass(frozen=True, slots=True)
 class Encoded:
     """Tokenized inputs: ids cut to the model's limit, and each input's full length."""

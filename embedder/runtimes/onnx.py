@@ -23,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
+from embedder.device import cpu_flags
 from embedder.fleet import DeviceKind, FleetError, ModelSpec
 from embedder.runtimes.export import (
     GRAPH_FILE,
@@ -48,12 +49,7 @@ REFUSALS = {
 
 
 def cpu_has_vnni() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def fused(export: Artifact) -> tuple[Path, str]:

@@ -33,10 +33,11 @@ import torch
 from numpy.typing import NDArray
 
 from embedder.batching import micro_batches
+from embedder.device import cpu_flags
 from embedder.errors import AdapterInvalid
 from embedder.fleet import DeviceKind, FleetError, ModelSpec
 from embedder.jobs import Task
-from embedder.runtimes import MIN_COSINE, Encoded, RuntimeInfo
+from embedder.runtimes import MIN_COSINE, Encoded, RuntimeInfo, worst_cosine
 from embedder.runtimes.lora import LoraSlots
 from embedder.runtimes.tokenizing import Tokenizing
 
@@ -56,12 +57,7 @@ CALIBRATION_TEXT = (
 
 
 def cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
 class TorchRuntime(Tokenizing):
@@ -229,9 +225,7 @@ def _worst_agreement(
     if runtime.cross:
         scale = float(np.abs(want).max()) + 1e-6
         return 1.0 - float(np.abs(got - want).max()) / scale
-    a = want / np.linalg.norm(want, axis=1, keepdims=True)
-    b = got / np.linalg.norm(got, axis=1, keepdims=True)
-    return float((a * b).sum(axis=1).min())
+    return worst_cosine(want, got)
 
 
 def _choose_cpu_precision(fp32: TorchRuntime, bf16: TorchRuntime | None) -> TorchRuntime:

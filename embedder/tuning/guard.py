@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-from numpy.typing import NDArray
-
 from embedder.fleet import Precision
 from embedder.runtimes import MIN_COSINE
 
@@ -24,15 +21,6 @@ BELOW_BF16: frozenset[Precision] = frozenset({"int8"})
 
 def needs_retrieval_check(dtype: Precision) -> bool:
     return dtype in BELOW_BF16
-
-
-def worst_cosine(reference: NDArray[np.float32], vectors: NDArray[np.float32]) -> float:
-    """The smallest row-wise cosine between two (n, dim) arrays of the same texts."""
-    if reference.shape != vectors.shape:
-        raise ValueError(f"outputs of shape {vectors.shape}, the reference's {reference.shape}")
-    a = reference / np.maximum(np.linalg.norm(reference, axis=1, keepdims=True), 1e-12)
-    b = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-    return float((a * b).sum(axis=1).min())
 
 
 @dataclass(frozen=True, slots=True)

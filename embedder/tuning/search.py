@@ -23,9 +23,9 @@ from numpy.typing import NDArray
 from embedder.errors import FlotillaError
 from embedder.fleet import DeviceKind, ModelSpec
 from embedder.jobs import Task
-from embedder.runtimes import Runtime
+from embedder.runtimes import Runtime, worst_cosine
 from embedder.tuning.candidates import Candidate, Plan, precisions, thread_counts
-from embedder.tuning.guard import Verdict, judge, needs_retrieval_check, worst_cosine
+from embedder.tuning.guard import Verdict, judge, needs_retrieval_check
 from embedder.tuning.measure import Workload, batches, timed_pass
 from embedder.tuning.retrieval import LabelledSet, ndcg
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedder.tuning.guard import MAX_NDCG_DROP, judge, worst_cosine
+from embedder.runtimes import worst_cosine
+from embedder.tuning.guard import MAX_NDCG_DROP, judge
 
 
 def test_the_worst_text_decides_not_the_mean() -> None:
