@@ -24,7 +24,8 @@ from typing import Any
 import aiohttp
 
 from bench.cluster.policies import VIEW_POLICIES
-from bench.cluster.processes import HOST, Child, Children, free_port, wait_until
+from bench.cluster.processes import Child, Children, wait_until
+from bench.load import HOST, free_port
 
 UNLIMITED_TOKENS = 10_000_000  # admission control stays out of the comparison
 
