@@ -123,7 +123,9 @@ class Worker(Lifecycle):
             now = self.clock()
             # Nothing pending, formed or running: a lull, in which controllers relax. A long
             # batch in flight is not one (its latencies are still to come).
-            if not (self._pending or self._forming or self._pipeline.held() or self._ready.qsize()):
+            if self._steering and not (
+                self._pending or self._forming or self._pipeline.held() or self._ready.qsize()
+            ):
                 for name, controller in self._steering.items():
                     controller.idle(now)
                     self._steer(name)

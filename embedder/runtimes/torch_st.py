@@ -37,7 +37,7 @@ from embedder.device import cpu_flags
 from embedder.errors import AdapterInvalid
 from embedder.fleet import DeviceKind, FleetError, ModelSpec
 from embedder.jobs import Task
-from embedder.runtimes import MIN_COSINE, Encoded, RuntimeInfo, worst_cosine
+from embedder.runtimes import MIN_COSINE, PRECISIONS, Encoded, RuntimeInfo, worst_cosine
 from embedder.runtimes.lora import LoraSlots
 from embedder.runtimes.tokenizing import Tokenizing
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POOLING_MODES = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
-CPU_PRECISIONS = ("float32", "bfloat16", "bfloat16-autocast")
+CPU_PRECISIONS = PRECISIONS["torch"]["cpu"]  # what `dtype: auto` chooses among
 CALIBRATION_TEXT = (
     "The quick brown fox jumps over the lazy dog while the committee reviews the annual "
     "budget. Researchers measured how quickly small language models answer questions about "
