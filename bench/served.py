@@ -1,6 +1,7 @@
 """Served benchmark: the real server under concurrent clients.
 
-First the engine ceiling: ``load_runtime`` with the fleet's cpu profile,
+First the engine ceiling: ``load_runtime`` with the profile the server will run
+(the tuned one for this device when the fleet leaves it open),
 tokenize + forward over the benchmark's texts in this process, while no
 server runs. Then ``python -m flotilla serve`` starts as a subprocess on a
 free port of 127.0.0.1 (``FLOTILLA_AUTO_TRUNCATE=true``, so inputs over the
@@ -54,7 +55,9 @@ from bench.load import free_port as free_port
 from bench.load import plan_requests as plan_requests
 from bench.load import run_level as run_level
 from bench.peers import options, side_by_side
+from embedder.device import fingerprint
 from embedder.fleet import DeviceKind, ModelSpec, Precision
+from embedder.tuned import load_tuned, profile_for
 
 # -- the engine ceiling ------------------------------------------------------
 
@@ -349,7 +352,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def one_model_fleet(spec: ModelSpec) -> dict[str, Any]:
-    return {"models": {spec.name: spec.model_dump(mode="json", exclude={"name"})}}
+    """A fleet file of ``spec`` alone, with only the fields its fleet set: a field written
+    out is a choice made (naming the runtime pins it), which would keep the server off
+    its tuned profile."""
+    return {
+        "models": {spec.name: spec.model_dump(mode="json", exclude={"name"}, exclude_unset=True)}
+    }
 
 
 def served_spec(args: argparse.Namespace) -> ModelSpec:
@@ -385,8 +393,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         report.wait_for_quiet(args.wait_quiet_s)
     print("engine ceiling: tokenize + forward of full server-sized batches, no server running")
     meter = report.CpuMeter()
+    # The ceiling runs what the server will run: the tuned profile for this device
+    # when the fleet leaves it open, with that profile's threads.
+    choice = profile_for(spec, args.device, fingerprint(args.device), load_tuned())
+    served_profile = choice.profile
+    print(f"  {choice.source} profile: {choice.why}")
     engine = engine_ceiling(
-        spec, args.device, plan, args.threads, args.ceiling_reps, args.ceiling_tokens
+        choice.apply(spec, args.device),
+        args.device,
+        plan,
+        served_profile.threads or args.threads,
+        args.ceiling_reps,
+        args.ceiling_tokens,
     )
     ceiling_cpu = meter.result()
     ceiling = engine.tokens_per_s
@@ -451,7 +469,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "server_models": served.get("data", []),
         "served_vs_engine_worst_cosine": cosine,
         "levels": rows,
-        "profile": spec.profile(args.device).model_dump(),
+        "profile": served_profile.model_dump(),
+        "profile_choice": choice.describe(),
         "peers": compared,
     }
     print()

@@ -9,9 +9,11 @@ where they spend their time (torch kernels, the tokenizer's Rust, a GPU's wait),
 event loop keeps answering meanwhile. One host thread, not a pool: a tokenizer is not
 safe to call from two threads at once.
 
-Batch N+1 is prepared as late as still lets it be ready when the device frees
-(``Pace``): a job withdrawn or expired meanwhile is then never tokenized. Until both
-stages have been timed, nothing is prepared ahead.
+Batch N+1 is *formed* and prepared as late as still lets it be ready when the device
+frees (``Pace``, ``Handoff``): it then holds everything that arrived during batch N's
+forward, not only what was queued when N started, and a job withdrawn or expired
+meanwhile is never tokenized. Until both stages have been timed, the next batch is
+asked for as soon as a forward starts and prepared only when its turn comes.
 """
 
 from __future__ import annotations
@@ -79,6 +81,42 @@ class Pace:
         return max(0.0, device_s - self.SAFETY * self.prepare_s_per_token * next_tokens)
 
 
+class Handoff:
+    """Formed batches from the worker's former to the runner, one at a time and only
+    when the runner asks: a batch formed early would miss the jobs that arrive while the
+    device is still busy, and jobs a worker holds are jobs no other worker can take."""
+
+    def __init__(self) -> None:
+        self._wanted = asyncio.Event()
+        self._batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+
+    def ask(self) -> None:
+        """The runner will take a batch soon: the former may form it now."""
+        self._wanted.set()
+
+    async def take(self) -> Batch:
+        if self._batches.empty():
+            self.ask()
+        return await self._batches.get()
+
+    async def wanted(self) -> None:
+        await self._wanted.wait()
+
+    async def give(self, batch: Batch) -> None:
+        self._wanted.clear()
+        await self._batches.put(batch)
+
+    def waiting(self) -> int:
+        """Batches formed but not yet taken."""
+        return self._batches.qsize()
+
+    def drain(self) -> list[EmbedJob]:
+        jobs: list[EmbedJob] = []
+        while not self._batches.empty():
+            jobs.extend(self._batches.get_nowait())
+        return jobs
+
+
 @dataclass
 class _Staged:
     """A batch on its way: the jobs, then what the host made of them."""
@@ -123,11 +161,11 @@ class Pipeline:
         for executor in (self._host, self._device):
             executor.shutdown(wait=False, cancel_futures=True)
 
-    async def run(self, ready: asyncio.Queue[Batch]) -> None:
+    async def run(self, ready: Handoff) -> None:
         """The runner loop: take each formed batch from ``ready`` and see it through."""
         try:
             while True:
-                staged, self._ahead = self._ahead or _Staged(await ready.get()), None
+                staged, self._ahead = self._ahead or _Staged(await ready.take()), None
                 self._running = staged.jobs
                 prepared = await self._prepared(staged)
                 if prepared is None:
@@ -183,29 +221,30 @@ class Pipeline:
 
     async def _take_ahead(
         self,
-        ready: asyncio.Queue[Batch],
+        ready: Handoff,
         forward: asyncio.Future[Forwarded],
         started: float,
         running_tokens: int,
     ) -> None:
-        """While the device runs: take the next formed batch, and prepare it when the
-        pace says, so it is ready as the device frees."""
-        getter: asyncio.Future[Batch] = asyncio.ensure_future(ready.get())
+        """While the device runs: ask for the next batch when the pace says (about this
+        one's size is the guess for the next), so it is formed and prepared as the device
+        frees."""
+        lead = self.pace.lead_s(running_tokens, running_tokens)
+        if lead is not None:
+            delay = started + lead - time.perf_counter()
+            if delay > 0:
+                await asyncio.wait({forward}, timeout=delay)
+        if forward.done():
+            return  # the device is free first: the loop takes the next batch
+        getter: asyncio.Future[Batch] = asyncio.ensure_future(ready.take())
         waiting: set[asyncio.Future[Any]] = {getter, forward}
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not getter.done():
-            getter.cancel()  # the device is free first: the loop takes the next batch
+            getter.cancel()  # the batch, once formed, waits for the loop's own take
             return
-        staged = self._ahead = _Staged(getter.result())
-        lead = self.pace.lead_s(running_tokens, sum(job.est_tokens for job in staged.jobs))
-        if lead is None:
-            return
-        delay = started + lead - time.perf_counter()
-        if delay > 0:
-            await asyncio.wait({forward}, timeout=delay)
-        live = self._live(staged.jobs)
-        staged.jobs = live
-        if live:
+        live = self._live(getter.result())
+        staged = self._ahead = _Staged(live)
+        if live and lead is not None:  # untimed, it waits its turn unprepared
             staged.prepared = await self._prepare(live)
 
     async def _finish_later(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:

@@ -1,12 +1,12 @@
 """The worker: pulls jobs when it has room, forms its own batches, runs them.
 
 One worker per device, serving every model packed on that device. Two tasks:
-the *former* pulls from the shared queue and forms the next batch while the
-*runner* (``embedder.pipeline``) executes the current one, so one batch is in
-flight and one is prefetched. The runner decodes, tokenizes and encodes on a
-host thread and runs forward passes on a device thread, one batch's host work
-beside another's forward: the event loop never blocks and the device is never
-shared between two batches.
+the *former* pulls from the shared queue and forms the next batch when the
+*runner* (``embedder.pipeline``) asks for it, shortly before the device frees, so one
+batch is in flight and the next is formed from everything queued by then. The runner
+decodes, tokenizes and encodes on a host thread and runs forward passes on a device
+thread, one batch's host work beside another's forward: the event loop never blocks
+and the device is never shared between two batches.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from embedder.errors import DeadlineExceeded
 from embedder.execute import LoadedModel
 from embedder.jobs import EmbedJob
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
-from embedder.pipeline import Pipeline
+from embedder.pipeline import Handoff, Pipeline
 from embedder.queue import JobPuller
 
 log = logging.getLogger(__name__)
@@ -51,14 +51,14 @@ class Worker(Lifecycle):
         self._steering: dict[str, WaitController] = {}
         for name, m in self.models.items():
             self._set_limits(name, m.limits)
-        # Room for one batch being formed beside one waiting: the biggest budget, twice.
+        # Room to group pulled jobs by model and adapter: the biggest budget, twice.
         self.capacity_tokens = 2 * max(m.limits.max_tokens for m in self.models.values())
-        self._ready: asyncio.Queue[tuple[EmbedJob, ...]] = asyncio.Queue(maxsize=1)
+        self._ready = Handoff()
         self._pipeline = Pipeline(queue, self.models, request_limits, clock, self._delivered)
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[EmbedJob] = []
         # Batches out of _pending but not delivered: stop() must fail these too.
-        self._forming: tuple[EmbedJob, ...] = ()  # formed, waiting for room in _ready
+        self._forming: tuple[EmbedJob, ...] = ()  # formed, not yet handed to the runner
 
     async def start(self) -> None:
         if self._tasks:
@@ -72,9 +72,7 @@ class Worker(Lifecycle):
         """Stop pulling; fail whatever was pulled but not run, so nothing hangs."""
         tasks, self._tasks = self._tasks, []
         await cancel_and_wait(*tasks)
-        leftovers = [*self._pipeline.held(), *self._forming, *self._pending]
-        while not self._ready.empty():
-            leftovers.extend(self._ready.get_nowait())
+        leftovers = [*self._pipeline.held(), *self._forming, *self._pending, *self._ready.drain()]
         self._pending, self._forming = [], ()
         self._pipeline.shutdown()
         for job in leftovers:  # completing a job already delivered is a no-op
@@ -120,11 +118,12 @@ class Worker(Lifecycle):
 
     async def _form_loop(self) -> None:
         while True:
+            await self._ready.wanted()  # pull and form only for a runner about to take it
             now = self.clock()
             # Nothing pending, formed or running: a lull, in which controllers relax. A long
             # batch in flight is not one (its latencies are still to come).
             if self._steering and not (
-                self._pending or self._forming or self._pipeline.held() or self._ready.qsize()
+                self._pending or self._forming or self._pipeline.held() or self._ready.waiting()
             ):
                 for name, controller in self._steering.items():
                     controller.idle(now)
@@ -151,5 +150,5 @@ class Worker(Lifecycle):
                     )
             if plan.batch:
                 self._note_formed(plan)
-                await self._ready.put(plan.batch)
+                await self._ready.give(plan.batch)
             self._forming = ()

@@ -23,6 +23,19 @@ def test_the_profile_override_reaches_the_device_profile(tmp_path: Path) -> None
     assert cuda.profile("cpu").runtime == "torch"
 
 
+def test_the_served_fleet_file_leaves_the_profile_to_tuning_unless_overridden() -> None:
+    from embedder.fleet import Fleet
+    from embedder.tuned import tunable
+
+    def written(spec):  # what the server reads back from the benchmark's fleet file
+        return Fleet.model_validate(served.one_model_fleet(spec)).get(spec.name)
+
+    default = served.served_spec(served.parse_args([]))
+    assert tunable(written(default), "cpu") is None
+    pinned = served.served_spec(served.parse_args(["--runtime", "onnx"]))
+    assert tunable(written(pinned), "cpu") == "the fleet names runtime onnx"
+
+
 def test_a_bad_override_is_a_clear_error(tmp_path: Path) -> None:
     profile = tmp_path / "p.json"
     profile.write_text('{"max_batch_tokens": -1}')

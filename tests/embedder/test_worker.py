@@ -314,6 +314,30 @@ async def test_a_job_cancelled_after_its_batch_was_formed_is_not_run() -> None:
     assert runtime.seen == ["job 0", "after"]
 
 
+async def test_the_next_batch_is_formed_late_from_what_arrived_during_a_forward() -> None:
+    # A slow forward, and no wait at all: a batch formed as soon as the device took the
+    # last one would hold only the first arrival; formed as the device frees, it holds
+    # every job that arrived meanwhile, and until then they stay in the shared queue.
+    runtime = runtime_for("alpha", seconds_per_token=0.05)
+    queue = InProcessQueue()
+    client = Client(queue)
+    no_wait = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.0)
+    async with worker_for(queue, [runtime], no_wait):
+        for text in ("time the device", "and the host"):  # the pace needs timed batches
+            assert isinstance(await outcome(await client.embed("alpha", [text])), JobResult)
+        running = await client.embed("alpha", ["running"])
+        await until(lambda: len(runtime.forward_calls) == 3)
+        later = []
+        for i in range(3):
+            later.append(await client.embed("alpha", [f"later {i}"]))
+            await asyncio.sleep(0.01)
+        assert queue.depth()["alpha"] == 3  # not pulled while the device is busy
+        results = [await outcome(f) for f in (running, *later)]
+
+    assert all(isinstance(r, JobResult) for r in results)
+    assert runtime.forward_calls == [1, 1, 1, 3]
+
+
 # -- limits ----------------------------------------------------------------------------
 
 LONG_TEXT = " ".join(f"word{i}" for i in range(80))  # 82 tokens with [CLS] and [SEP]
