@@ -3,7 +3,11 @@ in, the store written and every poison dead-lettered, or an exception and nothin
 acknowledged.
 
 Order within a chunk: parse -> embed -> check collections -> dead-letter the poison
--> write the last operation per document -> (the caller commits). Because point ids
+-> write the last operation per document -> dead-letter what the store refused ->
+(the caller commits). Every failure that belongs to one record (its bytes, its
+embedding, its collection, its point) dead-letters that record; only a failure of the
+whole chunk (the store down past the deadline, the dead-letter topic unreachable)
+raises, and then nothing is acknowledged. Because point ids
 derive from (collection, document id), a chunk that is processed twice (a crash
 before its commit) writes the same points again: nothing is duplicated.
 """
@@ -11,7 +15,6 @@ before its commit) writes the same points again: nothing is duplicated.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -32,10 +35,10 @@ from ingest.records import (
     parse_record,
 )
 from ingest.store import (
-    CollectionModelMismatch,
     CollectionNotFound,
     Distance,
     Point,
+    StoreError,
     VectorStore,
     point_id,
 )
@@ -48,7 +51,7 @@ _T = TypeVar("_T")
 class RawRecord:
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
+    headers: tuple[tuple[str, bytes | None], ...]
     source: SourceRef
 
 
@@ -59,6 +62,7 @@ class ChunkReport:
     dead_lettered: int = 0
     tokens: int = 0
     poisons: list[tuple[RawRecord, str]] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)  # Poison.code -> dead letters
 
 
 DeadLetter = Callable[[Sequence[tuple[RawRecord, str]]], Awaitable[None]]
@@ -111,8 +115,10 @@ class IngestCore:
         poisons: list[tuple[RawRecord, str]] = [
             (by_source[p.source], p.reason) for p in parsed if isinstance(p, Poison)
         ]
+        codes = {p.source: p.code for p in parsed if isinstance(p, Poison)}
         upserts = [p for p in parsed if isinstance(p, Upsert)]
         vectors = await self._embed(upserts, poisons, by_source)
+        codes.update((r.source, "embedding_failed") for r, _ in poisons if r.source not in codes)
         operations: list[Operation] = []
         for op in parsed:
             if isinstance(op, Delete) or (isinstance(op, Upsert) and op.source in vectors):
@@ -121,11 +127,22 @@ class IngestCore:
         # an earlier good write of the same document.
         live_upserts, deletes = last_writes(operations)
         live_upserts = await self._check_collections(live_upserts, vectors, poisons, by_source)
+        codes.update((r.source, "collection_refused") for r, _ in poisons if r.source not in codes)
         if poisons:
             await dead_letter(poisons)
-            report.dead_lettered = len(poisons)
-            report.poisons = poisons
-        await self._write(live_upserts, deletes, vectors)
+        refused = await self._write(live_upserts, deletes, vectors)
+        if refused:
+            await dead_letter([(by_source[op.source], reason) for op, reason in refused])
+            poisons += [(by_source[op.source], reason) for op, reason in refused]
+            codes.update((op.source, "store_refused") for op, _ in refused)
+            gone = {op.source for op, _ in refused}
+            live_upserts = [op for op in live_upserts if op.source not in gone]
+            deletes = [op for op in deletes if op.source not in gone]
+        report.dead_lettered = len(poisons)
+        report.poisons = poisons
+        for record, _ in poisons:
+            code = codes.get(record.source, "invalid_record")
+            report.reasons[code] = report.reasons.get(code, 0) + 1
         report.upserted = len(live_upserts)
         report.deleted = len(deletes)
         return report
@@ -179,7 +196,10 @@ class IngestCore:
                             op.model,
                         )
                         self._collections[op.collection] = (op.model, dimension)
-                    except CollectionModelMismatch as exc:
+                    except StoreError as exc:
+                        if exc.retriable:  # still failing at the deadline: the chunk fails
+                            raise
+                        # The model guard, a name the store refuses: these records' fault.
                         refused[op.collection] = exc.message
                 if op.collection in refused:
                     poisons.append((by_source[op.source], refused[op.collection]))
@@ -189,44 +209,73 @@ class IngestCore:
 
     async def _write(
         self, upserts: list[Upsert], deletes: list[Delete], vectors: dict[SourceRef, list[float]]
-    ) -> None:
-        by_collection: dict[str, list[Point]] = {}
+    ) -> list[tuple[Operation, str]]:
+        """Writes the chunk; returns the operations the store refused, each with the reason."""
+        by_collection: dict[str, list[tuple[Upsert, Point]]] = {}
         for op in upserts:
             by_collection.setdefault(op.collection, []).append(
-                Point(
-                    id=point_id(op.collection, op.doc_id),
-                    vector=vectors[op.source],
-                    payload={
-                        "doc_id": op.doc_id,
-                        "text": op.text,
-                        "metadata": op.metadata,
-                        "model": op.model,
-                        "source": {
-                            "topic": op.source.topic,
-                            "partition": op.source.partition,
-                            "offset": op.source.offset,
+                (
+                    op,
+                    Point(
+                        id=point_id(op.collection, op.doc_id),
+                        vector=vectors[op.source],
+                        payload={
+                            "doc_id": op.doc_id,
+                            "text": op.text,
+                            "metadata": op.metadata,
+                            "model": op.model,
+                            "source": {
+                                "topic": op.source.topic,
+                                "partition": op.source.partition,
+                                "offset": op.source.offset,
+                            },
                         },
-                    },
+                    ),
                 )
             )
-        for collection, points in by_collection.items():
-            await self.backoff.run(
-                f"upserting {len(points)} points into {collection}",
-                self.store.upsert,
-                collection,
-                points,
-            )
-        deletes_by_collection: dict[str, list[str]] = {}
+        refused: list[tuple[Operation, str]] = []
+        for collection, writes in by_collection.items():
+            refused += await self._upsert(collection, writes)
+        deletes_by_collection: dict[str, list[Delete]] = {}
         for gone in deletes:
-            deletes_by_collection.setdefault(gone.collection, []).append(
-                point_id(gone.collection, gone.doc_id)
-            )
-        for collection, ids in deletes_by_collection.items():
-            # A collection never written to has nothing to delete.
-            with contextlib.suppress(CollectionNotFound):
+            deletes_by_collection.setdefault(gone.collection, []).append(gone)
+        for collection, ops in deletes_by_collection.items():
+            ids = [point_id(collection, op.doc_id) for op in ops]
+            try:
                 await self.backoff.run(
                     f"deleting {len(ids)} points from {collection}",
                     self.store.delete,
                     collection,
                     ids,
                 )
+            except CollectionNotFound:
+                pass  # a collection never written to has nothing to delete
+            except StoreError as exc:
+                if exc.retriable:
+                    raise
+                refused += [(op, f"the store refused the delete: {exc.message}") for op in ops]
+        return refused
+
+    async def _upsert(
+        self, collection: str, writes: list[tuple[Upsert, Point]]
+    ) -> list[tuple[Operation, str]]:
+        """Upserts the points; when the store refuses the batch for good (a payload it
+        cannot hold, say), halves it until each refused point stands alone and returns
+        those with the reason: one bad point costs a few more writes, not the chunk."""
+        try:
+            await self.backoff.run(
+                f"upserting {len(writes)} points into {collection}",
+                self.store.upsert,
+                collection,
+                [point for _, point in writes],
+            )
+        except StoreError as exc:
+            if exc.retriable:  # still failing at the deadline: the chunk fails
+                raise
+            if len(writes) == 1:
+                return [(writes[0][0], f"the store refused the point: {exc.message}")]
+            half = len(writes) // 2
+            return await self._upsert(collection, writes[:half]) + await self._upsert(
+                collection, writes[half:]
+            )
+        return []

@@ -16,7 +16,7 @@ from embedder.queue.inprocess import InProcessQueue
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import Backoff, IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
-from ingest.store import Point, StoreUnavailable, point_id
+from ingest.store import InvalidStoreRequest, Point, StoreUnavailable, point_id
 from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
@@ -177,3 +177,68 @@ async def test_store_outage_beyond_the_deadline_raises_and_writes_nothing() -> N
         stack.core.backoff = Backoff(first_s=0.01, max_s=0.02, deadline_s=0.2)
         with pytest.raises(StoreUnavailable):
             await stack.process([record(0, "d", "text")])  # the caller must not commit
+
+
+class PickyStore(QdrantStore):
+    """Refuses for good (a non-retriable store error) any batch holding a point whose
+    metadata says ``refuse``, as a store does with a payload it cannot hold."""
+
+    def __init__(self) -> None:
+        super().__init__(location=":memory:")
+        self.batches = 0
+
+    async def upsert(self, collection: str, points: Sequence[Point]) -> None:
+        self.batches += 1
+        if any(p.payload["metadata"].get("refuse") for p in points):
+            raise InvalidStoreRequest("payload not storable")
+        await super().upsert(collection, points)
+
+
+async def test_points_the_store_refuses_are_dead_lettered_alone() -> None:
+    async for stack in make_stack(PickyStore()):
+        refused = {3, 17, 18}
+        records = [
+            record(i, f"d{i}", {"text": f"text {i}", "metadata": {"refuse": i in refused}})
+            for i in range(32)
+        ]
+        report = await stack.process(records)
+        assert (report.upserted, report.dead_lettered) == (29, 3)
+        assert report.reasons == {"store_refused": 3}
+        assert sorted(r.source.offset for r, _ in stack.dead) == sorted(refused)
+        assert all("payload not storable" in why for _, why in stack.dead)
+        assert await stack.store.count("main") == 29
+
+
+async def test_every_failure_of_one_record_is_counted_by_its_code(stack: Stack) -> None:
+    records = [
+        record(0, "ok", "fine"),
+        record(1, "deep", b'{"text": "t", "metadata": {"a": ' + b"[" * 3000 + b"]" * 3000 + b"}}"),
+        record(2, "json", b'{"text": '),
+        record(3, "long", " ".join(["word"] * 40)),  # over the fake model's 16 tokens
+        record(4, "where", {"text": "t", "collection": "no/slashes"}),
+        RawRecord(b"hdr", b"text", (("flotilla-model", b"\xff"),), SourceRef("docs", 0, 5)),
+    ]
+    report = await stack.process(records)
+    assert report.upserted == 1
+    assert report.reasons == {
+        "too_deep": 1,
+        "bad_json": 1,
+        "embedding_failed": 1,
+        "bad_collection": 1,
+        "bad_header": 1,
+    }
+
+
+async def test_a_collection_the_store_refuses_dead_letters_its_records() -> None:
+    class NoNewCollections(QdrantStore):
+        async def ensure_collection(self, name: str, *args: Any, **kw: Any) -> None:
+            if name == "locked":
+                raise InvalidStoreRequest("collection creation is not allowed here")
+            await super().ensure_collection(name, *args, **kw)
+
+    async for stack in make_stack(NoNewCollections(location=":memory:")):
+        report = await stack.process(
+            [record(0, "a", {"text": "t", "collection": "locked"}), record(1, "b", "fine")]
+        )
+        assert (report.upserted, report.dead_lettered) == (1, 1)
+        assert "not allowed" in stack.dead[0][1]
