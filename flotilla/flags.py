@@ -84,7 +84,7 @@ STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})
 # wiring.local_stack()'s IngestCore: record_rules() and its QueueEmbedder.
 RECORDS = frozenset({"collection", "ingest_max_text_bytes", "bytes_per_token", "auto_truncate"})
 # wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`).
-KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records"})
+KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records", "dlq_create"})
 # Both halves of the Kafka work queue and the worker heartbeats.
 WORK_QUEUE = frozenset(
     {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}

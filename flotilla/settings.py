@@ -153,6 +153,12 @@ class Settings(BaseSettings):
         description="Records per chunk: one commit per chunk. Larger amortizes commits and "
         "fills batches; smaller redelivers less after a crash.",
     )
+    dlq_create: bool = Field(
+        default=True,
+        description="Create the dead-letter topic <topic>.dlq at start when it is missing "
+        "(with the topic's partition count). Off: a missing one stops ingest at start, for "
+        "clusters where only their owners create topics.",
+    )
 
     # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
     worker_port: int = Field(
@@ -237,7 +243,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "bytes_per_token",
     ),
     "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
-    "Ingest": ("collection", "ingest_max_text_bytes", "ingest_max_records"),
+    "Ingest": ("collection", "ingest_max_text_bytes", "ingest_max_records", "dlq_create"),
     "Kafka": (
         "kafka",
         "topic",

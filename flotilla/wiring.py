@@ -172,6 +172,7 @@ def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:
         topic=settings.topic,
         group=settings.group,
         max_records=settings.ingest_max_records,
+        dlq_create=settings.dlq_create,
     )
 
 

@@ -48,7 +48,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             "bytes_per_token",
             *("store", "qdrant_url", "qdrant_api_key"),
-            *("kafka", "topic", "group", "ingest_max_records"),
+            *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
             *("collection", "ingest_max_text_bytes"),
         }
     ),
@@ -86,7 +86,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("tuned_file", "untuned"),
             *("auto_truncate", "bytes_per_token", "collection", "ingest_max_text_bytes"),
             *("store", "qdrant_url", "qdrant_api_key"),
-            *("kafka", "topic", "group", "ingest_max_records"),
+            *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
         }
     ),
     # flotilla.evaluate.retrieval: ingest_stack() with auto_truncate forced on, chunks of
