@@ -32,10 +32,13 @@ from flotilla.signals import stop_event
 from ingest.kafka_source import TopicMissing
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef
+from ingest.supervisor import IngestSupervisor
 
 
 async def consume(settings: Settings) -> None:
-    """Consume --topic until SIGINT/SIGTERM, then drain the chunk in flight and commit."""
+    """Consume --topic until SIGINT/SIGTERM, then drain the chunk in flight and commit. A
+    failed run (the broker gone for longer than the client waits, say) is restarted with
+    backoff; a missing topic ends the command with what to do."""
     if not (settings.kafka and settings.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
@@ -49,8 +52,8 @@ async def consume(settings: Settings) -> None:
 
 async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) -> None:
     source = wiring.kafka_source(settings, core)
-    async with source:
-        running = asyncio.ensure_future(source.wait())
+    async with IngestSupervisor(source, fatal=(TopicMissing,)) as supervisor:
+        running = asyncio.ensure_future(supervisor.wait())
         with progress_bar() as bar:
             task = bar.add_task(f"{settings.topic} -> {settings.collection}", lag="")
             while not (running.done() or stop.is_set()):
@@ -73,7 +76,10 @@ def read_records(path: Path) -> Iterator[RawRecord]:
         import pyarrow.parquet as pq
 
         for number, row in enumerate(pq.read_table(path).to_pylist()):
-            value = json.dumps({k: v for k, v in row.items() if v is not None}).encode()
+            # default=str: a column JSON cannot hold (bytes, dates) still makes a record,
+            # which the record contract then accepts or dead-letters with its reason.
+            fields = {k: v for k, v in row.items() if v is not None}
+            value = json.dumps(fields, default=str).encode()
             yield RawRecord(None, value, (), SourceRef(str(path), 0, number))
         return
     with path.open("rb") as lines:
@@ -110,7 +116,8 @@ async def backfill(settings: Settings, path: Path) -> None:
 
     async def dead_letter(poisons: Sequence[tuple[RawRecord, str]]) -> None:
         nonlocal dead
-        with dlq_path.open("a", encoding="utf-8") as out:
+        # errors="replace": a reason quoting undecodable input still writes its line.
+        with dlq_path.open("a", encoding="utf-8", errors="replace") as out:
             for record, reason in poisons:
                 value = (record.value or b"").decode("utf-8", errors="replace")
                 entry = {"line": record.source.offset, "reason": reason, "value": value}

@@ -17,6 +17,7 @@ from gateway import metrics
 from gateway.config import GatewayConfig
 from gateway.search import CollectionSearch
 from gateway.service import Gateway, ShapeRoute
+from ingest.health import IngestHealth
 from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {
@@ -42,6 +43,7 @@ def create_app(
     lifespan: Callable[[FastAPI], object] | None = None,
     store: VectorStore | None = None,
     adapters: AdapterCatalog | None = None,
+    ingest: IngestHealth | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
@@ -106,13 +108,31 @@ def create_app(
 
     @app.get("/ready")
     async def ready() -> Response:
-        """Readiness: every model of the fleet is loaded."""
+        """Readiness to serve requests: every model of the fleet is loaded. Ingest, when
+        this process runs it, is reported beside (status 'degraded' while it is not
+        running) without failing the probe: a Kafka outage must not take the API of
+        every replica out of its load balancer. /ready/ingest is ingest's own probe."""
         model_states = {name: states.state(name) for name in fleet.models}
         ok = all(state == "ready" for state in model_states.values())
-        return JSONResponse(
-            {"status": "ready" if ok else "not_ready", "models": model_states},
-            status_code=200 if ok else 503,
-        )
+        body: dict[str, object] = {"status": "ready" if ok else "not_ready", "models": model_states}
+        if ingest is not None:
+            ingest_status = ingest.status()
+            body["ingest"] = ingest_status.describe()
+            if ok and not ingest_status.up:
+                body["status"] = "degraded"
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    if ingest is not None:
+        ingest_health = ingest  # narrowed for the handler below
+
+        @app.get("/ready/ingest")
+        async def ready_ingest() -> Response:
+            """Ingest's probe: 200 while it consumes, 503 while it starts, restarts or
+            has failed (the body says why)."""
+            ingest_status = ingest_health.status()
+            return JSONResponse(
+                ingest_status.describe(), status_code=200 if ingest_status.up else 503
+            )
 
     @app.get("/metrics")
     async def prometheus() -> Response:
