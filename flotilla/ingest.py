@@ -27,6 +27,7 @@ from rich.progress import (
 from rich.text import Text
 
 from flotilla import wiring
+from flotilla.logs import quiet_repeats
 from flotilla.settings import Settings
 from flotilla.signals import stop_event
 from ingest.kafka_source import TopicMissing
@@ -42,6 +43,7 @@ async def consume(settings: Settings) -> None:
     if not (settings.kafka and settings.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
+    quiet_repeats()  # a broker outage is a few lines on stderr, not ten a second
     with contextlib.suppress(wiring.Stopped):
         async with wiring.running_stack(settings, stop) as stack:
             try:

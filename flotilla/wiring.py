@@ -30,6 +30,7 @@ from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import load_runtime
 from embedder.tuned import load_tuned
 from flotilla import __version__
+from flotilla.logs import quiet_repeats
 from flotilla.settings import Settings
 from flotilla.signals import unless_stopped
 from gateway.config import GatewayConfig
@@ -180,6 +181,7 @@ def configure_logging(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    quiet_repeats()  # the Kafka client's retries, once per half minute
 
 
 def run_http(app: FastAPI, settings: Settings) -> None:
