@@ -12,8 +12,9 @@ the same partition at once.
 Poison never stops a partition: the core dead-letters every record it cannot
 process, and a batch the client itself cannot decode (a header key that is not
 UTF-8) is read raw (``ingest.raw_batches``), its bad records dead-lettered and
-the rest stored. The dead-letter topic ``<topic>.dlq`` is created at start when
-missing, unless ``dlq_create`` is off: then start fails at once, saying how.
+the rest stored. The dead-letter topic ``<topic>.dlq`` (``ingest.dead_letters``) is
+created at start when missing, unless ``dlq_create`` is off: then start fails at once,
+saying how.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from prometheus_client import Counter, Gauge
 from embedder.errors import FlotillaError
 from embedder.lifecycle import Lifecycle
 from embedder.queue.kafka.topics import TopicSpec, ensure_topics
+from ingest.dead_letters import ERROR_HEADER as ERROR_HEADER
+from ingest.dead_letters import dlq_topic, send_dead_letters
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
-from ingest.raw_batches import RawBatch, fetch_batches
+from ingest.raw_batches import fetch_batches, raw_records
 from ingest.records import SourceRef
 
 log = logging.getLogger(__name__)
@@ -53,15 +56,6 @@ DEAD_LETTERS = Counter(
     ["topic", "reason"],
 )
 
-ERROR_HEADER = "flotilla-error"
-TRUNCATED_HEADER = "flotilla-value-truncated"  # the value's original size, when cut
-# A dead letter is the record plus a few headers; one this large would not fit under the
-# broker's default max.message.bytes (1 MiB), so its value is cut to TRUNCATED_VALUE_BYTES
-# (the headers say so) rather than failing the chunk and blocking the partition.
-MAX_DEAD_LETTER_BYTES = 1_000_000
-TRUNCATED_VALUE_BYTES = 64 * 1024
-MAX_REASON_CHARS = 2000
-
 
 class TopicMissing(FlotillaError):
     """The source topic, or its dead-letter topic with creation forbidden, does not exist.
@@ -70,10 +64,6 @@ class TopicMissing(FlotillaError):
 
     http_status = 404
     code = "topic_missing"
-
-
-def dlq_topic(topic: str) -> str:
-    return f"{topic}.dlq"
 
 
 class _DrainOnRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -266,7 +256,7 @@ class KafkaSource(Lifecycle):
                 if batch.control or batch.next_offset <= position or batch.client_can_read():
                     continue
                 try:
-                    records = _raw_records(tp, batches[: index + 1], position)
+                    records = raw_records(tp, batches[: index + 1], position)
                 except (ValueError, IndexError, KeyError) as exc:
                     log.error("partition %s: batch at %d unreadable: %s", tp, position, exc)
                     return False
@@ -318,56 +308,4 @@ class KafkaSource(Lifecycle):
                 LAG.labels(tp.topic, str(tp.partition)).set(self.lag[tp.partition])
 
     async def dead_letter(self, poisons: Sequence[tuple[RawRecord, str]]) -> None:
-        """Send each poison record, original bytes and headers plus the reason and its
-        source, to ``<topic>.dlq``; returns once the broker acknowledged them all."""
-        sends = []
-        for record, reason in poisons:
-            value = record.value
-            headers = [(_header_name(name), data) for name, data in record.headers]
-            if _size(record) > MAX_DEAD_LETTER_BYTES and value is not None:
-                headers.append((TRUNCATED_HEADER, str(len(value)).encode()))
-                value = value[:TRUNCATED_VALUE_BYTES]
-            if value is None and record.key is None:
-                value = b""  # a keyless tombstone: aiokafka sends nothing without either
-            headers += [
-                (ERROR_HEADER, reason[:MAX_REASON_CHARS].encode("utf-8", "replace")),
-                ("flotilla-source-topic", record.source.topic.encode()),
-                ("flotilla-source-partition", str(record.source.partition).encode()),
-                ("flotilla-source-offset", str(record.source.offset).encode()),
-            ]
-            sends.append(
-                await self.producer.send(
-                    dlq_topic(record.source.topic), value=value, key=record.key, headers=headers
-                )
-            )
-        await asyncio.gather(*sends)
-
-
-def _header_name(name: str) -> str:
-    """A header key as the producer can write it: one read raw that was not UTF-8 keeps
-    its readable part (the reason says which record it was)."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-
-
-def _size(record: RawRecord) -> int:
-    size = len(record.key or b"") + len(record.value or b"")
-    return size + sum(len(name) + len(data or b"") for name, data in record.headers)
-
-
-def _raw_records(tp: TopicPartition, batches: Sequence[RawBatch], position: int) -> list[RawRecord]:
-    return [
-        RawRecord(
-            key=entry.key,
-            value=entry.value,
-            # surrogateescape keeps undecodable bytes visible to the record contract,
-            # which dead-letters the record for them.
-            headers=tuple(
-                (name.decode("utf-8", "surrogateescape"), data) for name, data in entry.headers
-            ),
-            source=SourceRef(tp.topic, tp.partition, entry.offset),
-        )
-        for batch in batches
-        if not batch.control
-        for entry in batch.entries()
-        if entry.offset >= position
-    ]
+        await send_dead_letters(self.producer, poisons)

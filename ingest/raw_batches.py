@@ -14,7 +14,7 @@ a 61-byte big-endian header, then the records, compressed as the attributes say.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from aiokafka import TopicPartition
@@ -23,6 +23,9 @@ from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from aiokafka.errors import for_code
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.default_records import DefaultRecordBatch
+
+from ingest.pipeline import RawRecord
+from ingest.records import SourceRef
 
 # baseOffset, batchLength, leaderEpoch, magic, crc, attributes, lastOffsetDelta,
 # baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount
@@ -158,3 +161,23 @@ async def fetch_batches(
                     raise for_code(error_code)(f"fetching {tp} at {offset}")
                 return list(split_batches(data[-1] or b""))
     return []
+
+
+def raw_records(tp: TopicPartition, batches: Sequence[RawBatch], position: int) -> list[RawRecord]:
+    """The records of ``batches`` from offset ``position`` on, as the pipeline takes them."""
+    return [
+        RawRecord(
+            key=entry.key,
+            value=entry.value,
+            # surrogateescape keeps undecodable bytes visible to the record contract,
+            # which dead-letters the record for them.
+            headers=tuple(
+                (name.decode("utf-8", "surrogateescape"), data) for name, data in entry.headers
+            ),
+            source=SourceRef(tp.topic, tp.partition, entry.offset),
+        )
+        for batch in batches
+        if not batch.control
+        for entry in batch.entries()
+        if entry.offset >= position
+    ]

@@ -28,15 +28,9 @@ from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.serve import build_app
 from flotilla.settings import Settings
+from ingest.dead_letters import ERROR_HEADER, TRUNCATED_HEADER, TRUNCATED_VALUE_BYTES, dlq_topic
 from ingest.embedding import QueueEmbedder
-from ingest.kafka_source import (
-    ERROR_HEADER,
-    TRUNCATED_HEADER,
-    TRUNCATED_VALUE_BYTES,
-    KafkaSource,
-    TopicMissing,
-    dlq_topic,
-)
+from ingest.kafka_source import KafkaSource, TopicMissing
 from ingest.pipeline import Backoff, IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
 from ingest.store import Point, VectorStore, point_id
