@@ -41,7 +41,7 @@ from embedder.queue.kafka.topics import TopicSpec, ensure_topics
 from ingest.dead_letters import ERROR_HEADER as ERROR_HEADER
 from ingest.dead_letters import dlq_topic, send_dead_letters
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
-from ingest.raw_batches import fetch_batches, raw_records
+from ingest.raw_batches import raw_records, through_unreadable
 from ingest.records import SourceRef
 
 log = logging.getLogger(__name__)
@@ -251,30 +251,31 @@ class KafkaSource(Lifecycle):
             if position is None:
                 position = (await self.consumer.beginning_offsets([tp]))[tp]
             self.consumer.seek(tp, position)
-            batches = await fetch_batches(self.bootstrap, tp, position)
-            for index, batch in enumerate(batches):
-                if batch.control or batch.next_offset <= position or batch.client_can_read():
-                    continue
-                try:
-                    records = raw_records(tp, batches[: index + 1], position)
-                except (ValueError, IndexError, KeyError) as exc:
-                    log.error("partition %s: batch at %d unreadable: %s", tp, position, exc)
-                    return False
-                log.warning(
-                    "partition %s: the Kafka client cannot decode the batch at offsets "
-                    "%d-%d; reading it raw",
-                    tp,
-                    batch.base_offset,
-                    batch.next_offset - 1,
+            batches = await through_unreadable(self.bootstrap, tp, position)
+            if batches is None:
+                continue
+            last = batches[-1]
+            try:
+                records = raw_records(tp, batches, position)
+            except (ValueError, IndexError, KeyError) as exc:  # not even raw: say so, fail
+                log.error(
+                    "partition %s: the batch at %d is unreadable: %s", tp, last.base_offset, exc
                 )
-                async with self._busy:
-                    for start in range(0, len(records), self.max_records):
-                        chunk = records[start : start + self.max_records]
-                        self._account(await self.core.process(chunk, self.dead_letter))
-                    await self._commit({tp: batch.next_offset})
-                self.consumer.seek(tp, batch.next_offset)
-                handled = True
-                break
+                continue
+            log.warning(
+                "partition %s: the Kafka client cannot decode the batch at offsets %d-%d; "
+                "reading it raw",
+                tp,
+                last.base_offset,
+                last.next_offset - 1,
+            )
+            async with self._busy:
+                for start in range(0, len(records), self.max_records):
+                    chunk = records[start : start + self.max_records]
+                    self._account(await self.core.process(chunk, self.dead_letter))
+                await self._commit({tp: last.next_offset})
+            self.consumer.seek(tp, last.next_offset)
+            handled = True
         return handled
 
     def _account(self, report: ChunkReport) -> None:

@@ -163,6 +163,24 @@ async def fetch_batches(
     return []
 
 
+async def through_unreadable(
+    bootstrap: str, tp: TopicPartition, offset: int, *, windows: int = 8
+) -> list[RawBatch] | None:
+    """The batches of ``tp`` from ``offset`` through the first one the client cannot
+    read, looking ``windows`` fetches ahead; None if there is none there."""
+    seen: list[RawBatch] = []
+    for _ in range(windows):
+        batches = [b for b in await fetch_batches(bootstrap, tp, offset) if b.next_offset > offset]
+        if not batches:
+            return None
+        for batch in batches:
+            seen.append(batch)
+            if not batch.control and not batch.client_can_read():
+                return seen
+        offset = batches[-1].next_offset
+    return None
+
+
 def raw_records(tp: TopicPartition, batches: Sequence[RawBatch], position: int) -> list[RawRecord]:
     """The records of ``batches`` from offset ``position`` on, as the pipeline takes them."""
     return [
