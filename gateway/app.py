@@ -20,16 +20,21 @@ from gateway.service import Gateway, ShapeRoute
 from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {
-    "/": ApiShape.TEI_EMBED,  # TEI answers its default task at the root; HF clients post here
+    # TEI answers at its root; huggingface_hub posts feature_extraction and
+    # sentence_similarity there
+    "/": ApiShape.TEI_ROOT,
     "/v1/embeddings": ApiShape.OPENAI_EMBEDDINGS,
     "/embed": ApiShape.TEI_EMBED,
+    "/similarity": ApiShape.TEI_SIMILARITY,
     "/rerank": ApiShape.TEI_RERANK,
     "/v1/rerank": ApiShape.COHERE_RERANK,
+    "/v2/embed": ApiShape.COHERE_EMBED_V2,
+    "/v2/rerank": ApiShape.COHERE_RERANK_V2,
 }
 
 
 def _error_body(path: str, exc: FlotillaError) -> dict[str, object]:
-    if path.startswith("/v1/"):  # the OpenAI client reads error.message
+    if path.startswith(("/v1/", "/v2/")):  # the OpenAI client reads error.message
         return {"error": {"message": exc.message, "type": exc.code, "code": exc.http_status}}
     return {"error": exc.message, "error_type": exc.code}  # TEI's shape
 
