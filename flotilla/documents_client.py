@@ -11,9 +11,10 @@ share a document id, so a file's later line of a document always lands last.
 
 The server's answer per document is the truth: what it stored counts as stored, what
 it refused goes to ``<file>.dlq.jsonl`` with its reason, as the backfill's dead letters
-do. 429 and 503 are retried after their Retry-After; a batch too large (413) or refused
-as a whole (422) is split until the document at fault stands alone and is dead-lettered;
-a server that cannot be reached is retried with backoff for a while, then the run fails.
+do. 429 and 503 are retried after their Retry-After (for up to ten minutes a batch); a
+batch too large (413) or refused as a whole (422) is split until the document at fault
+stands alone and is dead-lettered; a server that cannot be reached is retried with
+backoff for two minutes, then the run fails.
 Any other refusal ends the run with the server's message.
 """
 
@@ -43,6 +44,7 @@ from ingest.store.errors import InvalidStoreRequest
 IN_FLIGHT = 2  # batches: one being embedded while the next crosses the network
 MAX_RETRY_AFTER_S = 60.0
 UNREACHABLE_DEADLINE_S = 120.0  # how long a server that went away is waited for
+OVERLOADED_DEADLINE_S = 600.0  # how long one batch waits out 429 and 503 answers
 TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # a batch waits for the server's models
 
 
@@ -198,6 +200,7 @@ class DocumentsClient:
         body = batch.body()
         unreachable_since: float | None = None
         delay = 0.5
+        give_up = time.monotonic() + OVERLOADED_DEADLINE_S
         while True:
             try:
                 response = await self.http.post(url, content=body)
@@ -210,8 +213,8 @@ class DocumentsClient:
                 delay = min(delay * 2, 10.0)
                 continue
             unreachable_since = None
-            if response.status_code not in (429, 503):
-                return response
+            if response.status_code not in (429, 503) or time.monotonic() > give_up:
+                return response  # past the deadline, the refusal ends the run
             await asyncio.sleep(_retry_after(response))
 
 

@@ -138,7 +138,14 @@ class CollectionDocuments:
 
     def _model(self, asked: str | None, spec: CollectionSpec | None) -> str:
         if asked is None:
-            return spec.model if spec is not None else self.core.rules.default_model
+            if spec is None:
+                return self.core.rules.default_model
+            if self.core.rules.resolve_model(spec.model) is None:
+                raise ModelNotFound(
+                    f"collection {spec.name!r} holds vectors of {spec.model!r}, which this "
+                    "server does not serve: serve that model, or write into another collection"
+                )
+            return spec.model
         model = self.core.rules.resolve_model(asked)
         if model is None:
             raise ModelNotFound(

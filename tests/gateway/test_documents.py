@@ -159,6 +159,14 @@ async def test_one_model_embeds_a_request(server: Server) -> None:
     assert "holds vectors of 'other'" in refused.json()["error"]["message"]
 
 
+async def test_a_collection_of_a_model_not_served_is_refused(server: Server) -> None:
+    await server.store.ensure_collection("old", 8, "cosine", "gone")
+    response = await server.client.post("/v1/collections/old/documents", json={"documents": DOCS})
+    assert response.status_code == 404, response.text
+    assert "holds vectors of 'gone', which this server does not serve" in response.text
+    assert await server.store.count("old") == 0
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "says"),
     [
