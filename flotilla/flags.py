@@ -85,6 +85,8 @@ STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})
 RECORDS = frozenset({"collection", "ingest_max_text_bytes", "bytes_per_token", "auto_truncate"})
 # wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`).
 KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records"})
+# flotilla.progress: the plain lines of a long command whose output is not a terminal.
+PROGRESS = frozenset({"progress_interval_s"})
 # Both halves of the Kafka work queue and the worker heartbeats.
 WORK_QUEUE = frozenset(
     {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}

@@ -151,7 +151,14 @@ class Settings(BaseSettings):
         default=512,
         gt=0,
         description="Records per chunk: one commit per chunk. Larger amortizes commits and "
-        "fills batches; smaller redelivers less after a crash.",
+        "fills batches; smaller redelivers less after a crash. Also the most documents "
+        "one request to a server's documents route may carry (413 above).",
+    )
+    progress_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between the plain progress lines a long command prints when its "
+        "output is not a terminal (a log, CI, a pipe); a terminal gets a live bar instead.",
     )
 
     # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
@@ -237,7 +244,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "bytes_per_token",
     ),
     "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
-    "Ingest": ("collection", "ingest_max_text_bytes", "ingest_max_records"),
+    "Ingest": ("collection", "ingest_max_text_bytes", "ingest_max_records", "progress_interval_s"),
     "Kafka": (
         "kafka",
         "topic",

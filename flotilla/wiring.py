@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import uvicorn
@@ -37,7 +37,7 @@ from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
 from ingest.records import RecordRules
-from ingest.store import VectorStore, open_store
+from ingest.store import CollectionNotFound, VectorStore, open_store
 
 
 def configured_fleet(settings: Settings) -> Fleet:
@@ -62,15 +62,33 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         request_timeout_s=settings.request_timeout_s,
         max_inflight_tokens=settings.max_inflight_tokens,
         bytes_per_token=settings.bytes_per_token,
+        max_documents_per_request=settings.ingest_max_records,
     )
 
 
-def configured_store(settings: Settings) -> VectorStore:
+def configured_store(settings: Settings, *, serving_url: str | None = None) -> VectorStore:
+    """The vector store; an embedded one names ``serving_url`` (this process's server,
+    if it runs one) to any other process that tries to open a collection it owns."""
     if settings.store == "qdrant":
         if not settings.qdrant_url:
             raise SystemExit("--store qdrant needs --qdrant-url (FLOTILLA_QDRANT_URL)")
         return open_store("qdrant", url=settings.qdrant_url, api_key=settings.qdrant_api_key)
-    return open_store("edge", data_dir=settings.data_dir)
+    return open_store("edge", data_dir=settings.data_dir, serving_url=serving_url)
+
+
+def server_url(settings: Settings) -> str | None:
+    """Where this process's HTTP API is reached from this machine (None on a port chosen
+    at start): a wildcard bind is reached on loopback."""
+    if settings.port == 0:
+        return None
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
+def ingest_models(settings: Settings) -> list[str]:
+    """The models an ingest command loads: the one documents are embedded with unless
+    a record names another (the fleet's first)."""
+    return [configured_fleet(settings).default_model]
 
 
 def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
@@ -128,12 +146,22 @@ class LocalStack:
     core: IngestCore
 
 
-def local_stack(settings: Settings, store: VectorStore | None = None) -> LocalStack:
-    """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``)."""
+def local_stack(
+    settings: Settings,
+    store: VectorStore | None = None,
+    *,
+    models: Sequence[str] | None = None,
+    serving_url: str | None = None,
+) -> LocalStack:
+    """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``).
+    ``models`` (names, aliases or 'model:adapter') cuts the fleet to what a command
+    uses, the first becoming the default; every model of the fleet when None."""
     fleet = configured_fleet(settings)
+    if models is not None:
+        fleet = fleet.only([split_model(name)[0] for name in models])
     adapters = adapter_catalog(settings, fleet)
     queue = InProcessQueue()
-    store = store or configured_store(settings)
+    store = store or configured_store(settings, serving_url=serving_url)
     embedder = QueueEmbedder(
         queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
     )
@@ -148,18 +176,31 @@ class Stopped(Exception):
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    settings: Settings, stop: asyncio.Event | None = None, *, store: VectorStore | None = None
+    settings: Settings,
+    stop: asyncio.Event | None = None,
+    *,
+    store: VectorStore | None = None,
+    models: Sequence[str] | None = None,
+    claim: Sequence[str] = (),
 ) -> AsyncIterator[LocalStack]:
     """A local stack with its models loaded and its worker pulling, writing to the
-    configured store (or to ``store``, which it then closes). Raises ``Stopped`` if
-    ``stop`` is set before the models are loaded."""
-    stack = local_stack(settings, store)
-    async with stack.host, stack.store:
-        if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
-            raise Stopped
-        if not stack.host.loaded:
-            raise SystemExit(f"no model could be loaded: {stack.host.failed}")
-        yield stack
+    configured store (or to ``store``, which it then closes). The collections in
+    ``claim`` are opened before any model loads, so one that another process owns
+    fails the command at once (``ShardLocked``). Raises ``Stopped`` if ``stop`` is set
+    before the models are loaded."""
+    stack = local_stack(settings, store, models=models)
+    async with stack.store:
+        for collection in claim:
+            with contextlib.suppress(CollectionNotFound):  # created on its first write
+                await stack.core.backoff.run(
+                    f"opening collection {collection}", stack.store.describe, collection
+                )
+        async with stack.host:
+            if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
+                raise Stopped
+            if not stack.host.loaded:
+                raise SystemExit(f"no model could be loaded: {stack.host.failed}")
+            yield stack
 
 
 def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:

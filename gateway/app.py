@@ -15,8 +15,10 @@ from embedder.jobs import ApiShape, ModelStates
 from embedder.queue import JobSubmitter
 from gateway import metrics
 from gateway.config import GatewayConfig
+from gateway.documents import add_document_routes
 from gateway.search import CollectionSearch
 from gateway.service import Gateway, ShapeRoute
+from ingest.pipeline import IngestCore
 from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {
@@ -47,6 +49,7 @@ def create_app(
     lifespan: Callable[[FastAPI], object] | None = None,
     store: VectorStore | None = None,
     adapters: AdapterCatalog | None = None,
+    ingest: IngestCore | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
@@ -78,6 +81,9 @@ def create_app(
         @app.post("/v1/collections/{name}/search", response_class=Response)
         async def collection_search(request: Request, name: str) -> Response:
             return await gateway.handle(request, CollectionSearch(search_store, name))
+
+    if ingest is not None:  # the process that owns the store takes documents for it
+        add_document_routes(app, gateway, ingest)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:

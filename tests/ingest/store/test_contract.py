@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -411,10 +412,15 @@ async def test_edge_reopen_after_close_keeps_points_and_model(tmp_path: Path) ->
 async def test_edge_one_store_owns_a_shard(tmp_path: Path) -> None:
     async with open_store("edge", data_dir=tmp_path) as first:
         await first.ensure_collection("docs", DIM, "cosine", MODEL)
-        async with open_store("edge", data_dir=tmp_path) as second:
+        async with open_store("edge", data_dir=tmp_path, lock_wait_s=0.3) as second:
+            started = time.monotonic()
             with pytest.raises(ShardLocked) as caught:
                 await second.count("docs")
-            assert caught.value.retriable
+            assert 0.2 <= time.monotonic() - started < 2  # waited for a predecessor, briefly
+            # Not retriable: the owner keeps it; the message says who and the ways in.
+            assert not caught.value.retriable and caught.value.http_status == 409
+            assert "another store in this process" in caught.value.message
+            assert "--server" in caught.value.message and "--store qdrant" in caught.value.message
     async with open_store("edge", data_dir=tmp_path) as third:
         assert await third.count("docs") == 0
 
