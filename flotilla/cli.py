@@ -13,6 +13,7 @@ import typer
 
 from flotilla.flags import (
     ADAPTERS,
+    CHUNKING,
     DECODING,
     HTTP_API,
     KAFKA_INGEST,
@@ -85,7 +86,9 @@ def worker(settings: Settings) -> None:
 
 @app.command()
 # One input per job (no request limit to hit), and no logging set up (no log_level).
-@settings_flags(MODELS | PROFILES | ADAPTERS | STORE | RECORDS | KAFKA_INGEST)
+@settings_flags(
+    MODELS | PROFILES | ADAPTERS | STORE | RECORDS | KAFKA_INGEST, also={"ingest_model": "--model"}
+)
 def ingest(
     settings: Settings,
     source: Annotated[
@@ -98,7 +101,9 @@ def ingest(
     ] = False,
 ) -> None:
     """Embed documents into the vector store: from --topic (a consumer-group member
-    until Ctrl-C), or from a file (--from), or send a file to the topic (--produce)."""
+    until Ctrl-C), or from a file (--from), or send a file to the topic (--produce).
+    Documents longer than the model's window are split into passages (--no-chunking
+    keeps them whole)."""
     import asyncio
 
     if produce and source is None:
@@ -454,8 +459,11 @@ app.add_typer(eval_app, name="eval")
 
 
 @eval_app.command("retrieval")
-# Not auto_truncate: an evaluation cuts every over-long passage (flotilla.evaluate).
-@settings_flags((MODELS | PROFILES | ADAPTERS | STORE | RECORDS) - {"auto_truncate"})
+# Not auto_truncate or chunking: an evaluation cuts every over-long passage, and embeds
+# its own --model (flotilla.evaluate).
+@settings_flags(
+    (MODELS | PROFILES | ADAPTERS | STORE | RECORDS) - CHUNKING - {"auto_truncate", "ingest_model"}
+)
 def eval_retrieval(
     settings: Settings,
     queries: Annotated[Path, typer.Option("--queries", help="queries.jsonl: id, text.")],

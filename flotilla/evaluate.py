@@ -48,8 +48,9 @@ async def retrieval(
         )
     if models:
         # Passages longer than a model's window are cut, as search cuts queries: an
-        # evaluation scores every passage rather than refusing the long ones.
-        settings = settings.model_copy(update={"auto_truncate": True})
+        # evaluation scores every passage (one point each, as its judgements are per
+        # passage) rather than refusing or splitting the long ones.
+        settings = settings.model_copy(update={"auto_truncate": True, "chunking": False})
         async with wiring.running_stack(settings, store=store) as stack:
             for model in models:
                 with progress_bar() as bar:
