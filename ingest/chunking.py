@@ -177,11 +177,11 @@ class Chunking:
         """Why a document (or one of its passages) was refused as too long, naming the
         flags of `flotilla ingest` that change it."""
         window = self.windows(model)
-        limit = f" of {window.max_tokens} tokens" if window else ""
+        limit = f"the {window.max_tokens}-token window" if window else "the window"
         if self.enabled:
-            return f"a passage is over model {model!r}'s window{limit}: lower --chunk-max-tokens"
+            return f"a passage is over {limit} of model {model!r}: lower --chunk-max-tokens"
         size = f"has {window.count(text)} tokens, over" if window else "is longer than"
         return (
-            f"the document {size} model {model!r}'s window{limit}: ingest with --chunking "
+            f"the document {size} {limit} of model {model!r}: ingest with --chunking "
             "(the default) to split it into passages, or with --auto-truncate to cut it"
         )

@@ -121,7 +121,7 @@ async def test_backfill_splits_long_documents_unless_told_not_to(
     assert whole.returncode == 0, whole.stdout + whole.stderr
     [dead] = [json.loads(x) for x in (tmp_path / "long.jsonl.dlq.jsonl").read_text().splitlines()]
     assert dead["line"] == 0
-    assert "over model 'tiny'" in dead["reason"] and "of 64 tokens" in dead["reason"]
+    assert "over the 64-token window of model 'tiny'" in dead["reason"]
     assert "--chunking" in dead["reason"] and "--auto-truncate" in dead["reason"]
 
     unknown = flotilla(*common, "--data-dir", str(tmp_path / "d3"), "--model", "nope")

@@ -163,7 +163,7 @@ async def test_poison_is_dead_lettered_and_its_neighbours_stored(unchunked: Stac
     reasons = {r.key: reason for r, reason in stack.dead}
     assert set(reasons) == {b"bad-json", b"bad-utf8", b"empty", b"long", b"who"}
     # The reason names the flags of `flotilla ingest` that take such a document.
-    assert "has 42 tokens, over model 'mini'" in reasons[b"long"]
+    assert "has 42 tokens, over the 16-token window of model 'mini'" in reasons[b"long"]
     assert "--chunking" in reasons[b"long"] and "--auto-truncate" in reasons[b"long"]
     assert '"truncate"' not in reasons[b"long"]
     assert "unknown model 'nope'" in reasons[b"who"]
