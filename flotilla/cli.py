@@ -13,6 +13,7 @@ import typer
 
 from flotilla.flags import (
     ADAPTERS,
+    CHUNKING,
     DECODING,
     HTTP_API,
     KAFKA_INGEST,
@@ -97,7 +98,8 @@ def worker(settings: Settings) -> None:
     | RECORDS
     | KAFKA_INGEST
     | PROGRESS
-    | {"api_keys", "max_body_bytes", "max_inflight_tokens"}
+    | {"api_keys", "max_body_bytes", "max_inflight_tokens"},
+    also={"ingest_model": "--model"},
 )
 def ingest(
     settings: Settings,
@@ -120,7 +122,8 @@ def ingest(
 ) -> None:
     """Embed documents into the vector store: from --topic (a consumer-group member
     until Ctrl-C), or from a file (--from), or send a file to the topic (--produce) or to
-    a running server (--server)."""
+    a running server (--server). Documents longer than the model's window are split into
+    passages (--no-chunking keeps them whole)."""
     import asyncio
 
     from embedder.errors import FlotillaError
@@ -520,8 +523,13 @@ app.add_typer(eval_app, name="eval")
 
 
 @eval_app.command("retrieval")
-# Not auto_truncate: an evaluation cuts every over-long passage (flotilla.evaluate).
-@settings_flags((MODELS | PROFILES | ADAPTERS | STORE | RECORDS | PROGRESS) - {"auto_truncate"})
+# Not auto_truncate or chunking: an evaluation cuts every over-long passage, and embeds
+# its own --model (flotilla.evaluate).
+@settings_flags(
+    (MODELS | PROFILES | ADAPTERS | STORE | RECORDS | PROGRESS)
+    - CHUNKING
+    - {"auto_truncate", "ingest_model"}
+)
 def eval_retrieval(
     settings: Settings,
     queries: Annotated[Path, typer.Option("--queries", help="queries.jsonl: id, text.")],

@@ -47,8 +47,9 @@ async def retrieval(
         )
     if models:
         # Passages longer than a model's window are cut, as search cuts queries: an
-        # evaluation scores every passage rather than refusing the long ones.
-        settings = settings.model_copy(update={"auto_truncate": True})
+        # evaluation scores every passage (one point each, as its judgements are per
+        # passage) rather than refusing or splitting the long ones.
+        settings = settings.model_copy(update={"auto_truncate": True, "chunking": False})
         # Only the models evaluated are loaded (an adapter's base for 'model:adapter').
         async with wiring.running_stack(settings, store=store, models=models) as stack:
             for model in models:

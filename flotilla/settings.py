@@ -141,6 +141,32 @@ class Settings(BaseSettings):
     )
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL (--store qdrant).")
     qdrant_api_key: str | None = Field(default=None, description="Qdrant API key, if any.")
+    ingest_model: str | None = Field(
+        default=None,
+        description="Model that embeds the documents of `ingest` and `serve --kafka` (name, "
+        "alias or MODEL:ADAPTER); the fleet's first when unset. A record's flotilla-model "
+        "header or 'model' field still chooses its own.",
+    )
+    chunking: bool = Field(
+        default=True,
+        description="Split a document longer than its model's window into passages, each a "
+        "point of its own, at sentence or paragraph ends. Off: such a document is "
+        "dead-lettered, or cut to the window with --auto-truncate.",
+    )
+    chunk_max_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Most tokens in a passage, the model's prompt and special tokens "
+        "included; 0 (or more than the window) takes the model's window. Smaller passages "
+        "match more precisely and make more points to embed and store.",
+    )
+    chunk_overlap_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens at the end of a passage repeated at the start of the next, in "
+        "whole units (sentences, else words), at most half a passage. More keeps context "
+        "across a cut; each repeated token is embedded and stored again.",
+    )
     ingest_max_text_bytes: int = Field(
         default=200_000,
         gt=0,
@@ -244,7 +270,16 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "bytes_per_token",
     ),
     "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
-    "Ingest": ("collection", "ingest_max_text_bytes", "ingest_max_records", "progress_interval_s"),
+    "Ingest": (
+        "collection",
+        "ingest_model",
+        "chunking",
+        "chunk_max_tokens",
+        "chunk_overlap_tokens",
+        "ingest_max_text_bytes",
+        "ingest_max_records",
+        "progress_interval_s",
+    ),
     "Kafka": (
         "kafka",
         "topic",

@@ -33,7 +33,8 @@ from flotilla import __version__
 from flotilla.settings import Settings
 from flotilla.signals import unless_stopped
 from gateway.config import GatewayConfig
-from ingest.embedding import QueueEmbedder
+from ingest.chunking import Chunking
+from ingest.embedding import QueueEmbedder, model_windows
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
 from ingest.records import RecordRules
@@ -87,8 +88,13 @@ def server_url(settings: Settings) -> str | None:
 
 def ingest_models(settings: Settings) -> list[str]:
     """The models an ingest command loads: the one documents are embedded with unless
-    a record names another (the fleet's first)."""
-    return [configured_fleet(settings).default_model]
+    a record names another (--model, else the fleet's first). A --model the fleet lacks
+    fails here, before anything loads."""
+    fleet = configured_fleet(settings)
+    if settings.ingest_model is None:
+        return [fleet.default_model]
+    record_rules(settings, fleet, adapter_catalog(settings, fleet))
+    return [settings.ingest_model]
 
 
 def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
@@ -104,9 +110,19 @@ def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> 
             return None
         return f"{model}:{adapter}"
 
+    default_model = fleet.default_model
+    if settings.ingest_model is not None:
+        resolved = resolve(settings.ingest_model)
+        if resolved is None:
+            raise SystemExit(
+                f"--model {settings.ingest_model!r} (FLOTILLA_INGEST_MODEL) is neither a "
+                f"model of the fleet ({', '.join(fleet.models)}) nor MODEL:ADAPTER of a "
+                "registered adapter"
+            )
+        default_model = resolved
     return RecordRules(
         default_collection=settings.collection,
-        default_model=fleet.default_model,
+        default_model=default_model,
         max_text_bytes=settings.ingest_max_text_bytes,
         resolve_model=resolve,
     )
@@ -162,12 +178,23 @@ def local_stack(
     adapters = adapter_catalog(settings, fleet)
     queue = InProcessQueue()
     store = store or configured_store(settings, serving_url=serving_url)
+    rules = record_rules(settings, fleet, adapters)  # a bad --model fails before loading
     embedder = QueueEmbedder(
         queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
     )
-    core = IngestCore(embedder, store, record_rules(settings, fleet, adapters))
     host = model_host(settings, fleet, queue, adapters)
+    core = IngestCore(embedder, store, rules, chunking=chunking(settings, host))
     return LocalStack(fleet, adapters, queue, host, store, core)
+
+
+def chunking(settings: Settings, host: ModelHost) -> Chunking:
+    """Passages counted with each loaded model's own tokenizer and document prompt."""
+    return Chunking(
+        model_windows(host.loaded),
+        enabled=settings.chunking,
+        max_tokens=settings.chunk_max_tokens,
+        overlap_tokens=settings.chunk_overlap_tokens,
+    )
 
 
 class Stopped(Exception):

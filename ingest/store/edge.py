@@ -50,6 +50,7 @@ import qdrant_edge as qe
 from embedder.lifecycle import Closable
 from ingest.store.contract import (
     DISTANCES,
+    AtLeast,
     CollectionSpec,
     Condition,
     Distance,
@@ -60,6 +61,7 @@ from ingest.store.contract import (
     as_hits,
     as_vector,
     check_collection_name,
+    check_delete_filter,
     check_filter,
     check_ids,
     check_limit,
@@ -123,6 +125,11 @@ class EdgeStore(Closable):
 
     async def delete(self, collection: str, ids: Sequence[str]) -> None:
         await self._run(self._delete, check_collection_name(collection), check_ids(ids))
+
+    async def delete_matching(self, collection: str, filter: PayloadFilter) -> None:
+        await self._run(
+            self._delete_matching, check_collection_name(collection), check_delete_filter(filter)
+        )
 
     async def search(
         self,
@@ -240,6 +247,13 @@ class EdgeStore(Closable):
         with classified(_classify, collection):
             shard.update(qe.UpdateOperation.delete_points(list(ids)))
 
+    def _delete_matching(self, collection: str, conditions: list[Condition]) -> None:
+        shard, _ = self._shard(collection)
+        selected = _to_filter(conditions)
+        assert selected is not None  # check_delete_filter refuses an empty filter
+        with classified(_classify, collection):
+            shard.update(qe.UpdateOperation.delete_points_by_filter(selected))
+
     def _search(
         self, collection: str, vector: VectorLike, limit: int, conditions: list[Condition]
     ) -> list[Hit]:
@@ -289,6 +303,9 @@ def _to_filter(conditions: list[Condition]) -> qe.Filter | None:
         return None
     must: list[qe.FieldCondition | qe.Filter] = []
     for key, value in conditions:
+        if isinstance(value, AtLeast):
+            must.append(qe.FieldCondition(key=key, range=qe.RangeFloat(gte=float(value.value))))
+            continue
         match: qe.MatchAny | qe.MatchValue
         if isinstance(value, list):
             match = qe.MatchAny(value)

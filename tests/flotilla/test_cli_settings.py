@@ -49,7 +49,8 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             "bytes_per_token",
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records"),
-            *("collection", "ingest_max_text_bytes"),
+            *("collection", "ingest_max_text_bytes", "ingest_model"),
+            *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
         }
     ),
     # flotilla.distributed.build_gateway_app: the fleet (no models, so no cache), the
@@ -87,13 +88,15 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned"),
             *("auto_truncate", "bytes_per_token", "collection", "ingest_max_text_bytes"),
+            *("ingest_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records", "progress_interval_s"),
             *("api_keys", "max_body_bytes", "max_inflight_tokens"),
         }
     ),
-    # flotilla.evaluate.retrieval: ingest_stack() with auto_truncate forced on, chunks of
-    # its own size, <collection>.<model> collections, the corpus's progress lines.
+    # flotilla.evaluate.retrieval: ingest_stack() with auto_truncate forced on and chunking
+    # off, its own --model, chunks of its own size, <collection>.<model> collections, the
+    # corpus's progress lines.
     ("eval", "retrieval"): frozenset(
         {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),

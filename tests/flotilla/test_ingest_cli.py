@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.store import point_id
+from ingest.store import chunk_point_id, point_id
 from ingest.store.edge import EdgeStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import create_topic, produce, read_all
@@ -100,6 +100,37 @@ async def test_backfill_parquet(fleet_file: Path, tmp_path: Path) -> None:
         (point,) = await store.retrieve("pq", [point_id("pq", "p7")])
         assert point.payload["text"] == "parquet row 7"
         assert point.payload["metadata"] == {"row": 7}
+
+
+async def test_backfill_splits_long_documents_unless_told_not_to(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    long = " ".join(f"Sentence {i} of the long document is about contract law." for i in range(30))
+    source = tmp_path / "long.jsonl"
+    lines = [{"id": "long", "text": long}, {"id": "short", "text": "a short one"}]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    data = tmp_path / "data"
+    common = ["ingest", "--from", str(source), "--fleet", str(fleet_file), "--device", "cpu"]
+    done = flotilla(*common, "--data-dir", str(data), "--collection", "split", "--model", "tiny")
+    assert done.returncode == 0, done.stdout + done.stderr
+    async with EdgeStore(data) as store:
+        ids = [chunk_point_id("split", "long", i) for i in range(20)]
+        passages = await store.retrieve("split", ids)
+        assert len(passages) > 3  # 64-token windows
+        assert [p.payload["chunk_index"] for p in passages] == list(range(len(passages)))
+        assert " ".join(p.payload["text"] for p in passages) == long
+        assert await store.count("split") == len(passages) + 1
+
+    whole = flotilla(*common, "--data-dir", str(tmp_path / "d2"), "--no-chunking")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    [dead] = [json.loads(x) for x in (tmp_path / "long.jsonl.dlq.jsonl").read_text().splitlines()]
+    assert dead["line"] == 0
+    assert "over the 64-token window of model 'tiny'" in dead["reason"]
+    assert "--chunking" in dead["reason"] and "--auto-truncate" in dead["reason"]
+
+    unknown = flotilla(*common, "--data-dir", str(tmp_path / "d3"), "--model", "nope")
+    assert unknown.returncode != 0
+    assert "--model 'nope'" in unknown.stderr and "tiny" in unknown.stderr
 
 
 async def test_produce_a_file_onto_the_topic(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
