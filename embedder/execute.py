@@ -21,21 +21,14 @@ from numpy.typing import NDArray
 
 from embedder.adapters import AdapterCatalog, ResidentAdapters
 from embedder.batching import BatchLimits
-from embedder.codecs import (
-    EmbedRequest,
-    RequestLimits,
-    RerankRequest,
-    decode_embed,
-    decode_rerank,
-    encode_embed,
-    encode_rerank,
-    shape_vectors,
-)
+from embedder.codecs import EmbedRequest, RequestLimits, RerankRequest, shape_vectors
+from embedder.cohere_v2 import check_window
 from embedder.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
 from embedder.fleet import ModelSpec
 from embedder.jobs import EmbedJob, JobResult, Task, Timings
 from embedder.queue import Outcome
 from embedder.runtimes import Encoded, Runtime
+from embedder.shapes import decode_embed, decode_rerank, encode_embed, encode_rerank
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +69,14 @@ def _prepare(
     max_tokens = runtime.info.max_tokens
     if job.task is Task.EMBED:
         request = decode_embed(job.shape, job.body, limits)
+        check_window(request, max_tokens)
         prefix = spec.prompt_prefix(request.prompt_name, request.use)  # unknown name: 422
         # The prompt's tokens count towards the limit: a text that fits alone may not.
         encoded = runtime.tokenize(request.texts, request.side, prefix=prefix)
         _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
     rerank = decode_rerank(job.shape, job.body, limits)
+    check_window(rerank, max_tokens)
     if runtime.info.kind == "cross-encoder":
         encoded = runtime.tokenize_pairs(rerank.query, rerank.documents, rerank.side)
         _check_lengths(encoded.full_lengths, rerank.truncate, max_tokens, "query + document {i}")
@@ -220,7 +215,9 @@ def finish_batch(forwarded: Forwarded, model: LoadedModel, now: float) -> BatchR
         try:
             if isinstance(request, EmbedRequest):
                 vectors = shape_vectors(rows, request, model.spec.normalize)
-                body = encode_embed(job.shape, request, vectors, model.spec.name, encoded.tokens)
+                body = encode_embed(
+                    job.shape, request, vectors, model.spec.name, encoded.tokens, job.id
+                )
             else:
                 scores = _scores(model, rows, request)
                 body = encode_rerank(

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> FastAPI:
-    stack = wiring.local_stack(settings)
+    stack = wiring.local_stack(settings, serving_url=wiring.server_url(settings))
     host = stack.host
     ingesting = bool(settings.kafka and settings.topic)
     ingest = IngestSupervisor(wiring.kafka_source(settings, stack.core)) if ingesting else None
@@ -53,7 +53,8 @@ def build_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
         store=stack.store,
         adapters=stack.adapters,
-        ingest=ingest,
+        ingest=stack.core,
+        ingest_health=ingest,
     )
     app.state.host = host
     return app

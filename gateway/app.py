@@ -15,22 +15,29 @@ from embedder.jobs import ApiShape, ModelStates
 from embedder.queue import JobSubmitter
 from gateway import metrics
 from gateway.config import GatewayConfig
+from gateway.documents import add_document_routes
 from gateway.search import CollectionSearch
 from gateway.service import Gateway, ShapeRoute
 from ingest.health import IngestHealth
+from ingest.pipeline import IngestCore
 from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {
-    "/": ApiShape.TEI_EMBED,  # TEI answers its default task at the root; HF clients post here
+    # TEI answers at its root; huggingface_hub posts feature_extraction and
+    # sentence_similarity there
+    "/": ApiShape.TEI_ROOT,
     "/v1/embeddings": ApiShape.OPENAI_EMBEDDINGS,
     "/embed": ApiShape.TEI_EMBED,
+    "/similarity": ApiShape.TEI_SIMILARITY,
     "/rerank": ApiShape.TEI_RERANK,
     "/v1/rerank": ApiShape.COHERE_RERANK,
+    "/v2/embed": ApiShape.COHERE_EMBED_V2,
+    "/v2/rerank": ApiShape.COHERE_RERANK_V2,
 }
 
 
 def _error_body(path: str, exc: FlotillaError) -> dict[str, object]:
-    if path.startswith("/v1/"):  # the OpenAI client reads error.message
+    if path.startswith(("/v1/", "/v2/")):  # the OpenAI client reads error.message
         return {"error": {"message": exc.message, "type": exc.code, "code": exc.http_status}}
     return {"error": exc.message, "error_type": exc.code}  # TEI's shape
 
@@ -43,7 +50,8 @@ def create_app(
     lifespan: Callable[[FastAPI], object] | None = None,
     store: VectorStore | None = None,
     adapters: AdapterCatalog | None = None,
-    ingest: IngestHealth | None = None,
+    ingest: IngestCore | None = None,
+    ingest_health: IngestHealth | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
@@ -75,6 +83,9 @@ def create_app(
         @app.post("/v1/collections/{name}/search", response_class=Response)
         async def collection_search(request: Request, name: str) -> Response:
             return await gateway.handle(request, CollectionSearch(search_store, name))
+
+    if ingest is not None:  # the process that owns the store takes documents for it
+        add_document_routes(app, gateway, ingest)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:
@@ -115,21 +126,21 @@ def create_app(
         model_states = {name: states.state(name) for name in fleet.models}
         ok = all(state == "ready" for state in model_states.values())
         body: dict[str, object] = {"status": "ready" if ok else "not_ready", "models": model_states}
-        if ingest is not None:
-            ingest_status = ingest.status()
+        if ingest_health is not None:
+            ingest_status = ingest_health.status()
             body["ingest"] = ingest_status.describe()
             if ok and not ingest_status.up:
                 body["status"] = "degraded"
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    if ingest is not None:
-        ingest_health = ingest  # narrowed for the handler below
+    if ingest_health is not None:
+        kafka_ingest = ingest_health  # narrowed for the handler below
 
         @app.get("/ready/ingest")
         async def ready_ingest() -> Response:
             """Ingest's probe: 200 while it consumes, 503 while it starts, restarts or
             has failed (the body says why)."""
-            ingest_status = ingest_health.status()
+            ingest_status = kafka_ingest.status()
             return JSONResponse(
                 ingest_status.describe(), status_code=200 if ingest_status.up else 503
             )

@@ -19,3 +19,4 @@ class GatewayConfig:
     request_timeout_s: float
     max_inflight_tokens: int  # per model
     bytes_per_token: float  # for estimating a body's tokens without parsing it
+    max_documents_per_request: int = 512  # the documents routes' batches

@@ -2,14 +2,21 @@
 in, the store written and every poison dead-lettered, or an exception and nothing
 acknowledged.
 
-Order within a chunk: parse -> embed -> check collections -> dead-letter the poison
--> write the last operation per document -> dead-letter what the store refused ->
-(the caller commits). Every failure that belongs to one record (its bytes, its
-embedding, its collection, its point) dead-letters that record; only a failure of the
-whole chunk (the store down past the deadline, the dead-letter topic unreachable)
-raises, and then nothing is acknowledged. Because point ids
-derive from (collection, document id), a chunk that is processed twice (a crash
-before its commit) writes the same points again: nothing is duplicated.
+Order within a chunk: parse -> split into passages -> embed -> check collections ->
+dead-letter the poison -> write the last operation per document -> dead-letter what
+the store refused -> (the caller commits). Every failure that belongs to one record
+(its bytes, its passages, its embedding, its collection, its points) dead-letters
+that record; only a failure of the whole chunk (the store down past the deadline,
+the dead-letter topic unreachable) raises, and then nothing is acknowledged. Because
+point ids derive from (collection, document id, passage index), a chunk that is
+processed twice (a crash before its commit) writes the same points again: nothing is
+duplicated.
+
+**Replacing a document** writes its passages 0..n-1 (overwriting the same ids), then
+deletes its points with ``chunk_index >= n``: what is left of a longer earlier version.
+A crash between the two steps leaves the chunk uncommitted; its redelivery does both
+again, so the store converges. A tombstone deletes every point of its document (by
+``doc_id``). Neither step ever leaves a document without its points while it has some.
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from embedder.errors import FlotillaError
+from embedder.errors import FlotillaError, LimitExceeded
+from ingest.chunking import Chunking, Passage
 from ingest.embedding import QueueEmbedder
 from ingest.records import (
     Delete,
@@ -35,16 +43,21 @@ from ingest.records import (
     parse_record,
 )
 from ingest.store import (
+    AtLeast,
     CollectionNotFound,
     Distance,
     Point,
     StoreError,
     VectorStore,
-    point_id,
+    chunk_point_id,
 )
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+# Points per store call: a long document's passages can make a chunk of records many
+# points, and the embedded engine holds the GIL for the whole of one call.
+UPSERT_BATCH_POINTS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +70,8 @@ class RawRecord:
 
 @dataclass(slots=True)
 class ChunkReport:
-    upserted: int = 0
+    upserted: int = 0  # documents
+    passages: int = 0  # their points
     deleted: int = 0
     dead_lettered: int = 0
     tokens: int = 0
@@ -92,6 +106,9 @@ class Backoff:
 
 
 class IngestCore:
+    """``chunking`` splits documents over their model's window into passages (see
+    ``ingest.chunking``); without it every document goes whole, as one point."""
+
     def __init__(
         self,
         embedder: QueueEmbedder,
@@ -100,12 +117,14 @@ class IngestCore:
         *,
         backoff: Backoff | None = None,
         distance: Distance = "cosine",
+        chunking: Chunking | None = None,
     ) -> None:
         self.embedder = embedder
         self.store = store
         self.rules = rules
         self.backoff = backoff or Backoff()
         self.distance = distance
+        self.chunking = chunking
         self._collections: dict[str, tuple[str, int]] = {}  # name -> (model, dimension) checked
 
     async def process(self, records: Sequence[RawRecord], dead_letter: DeadLetter) -> ChunkReport:
@@ -117,7 +136,11 @@ class IngestCore:
         ]
         codes = {p.source: p.code for p in parsed if isinstance(p, Poison)}
         upserts = [p for p in parsed if isinstance(p, Upsert)]
-        vectors = await self._embed(upserts, poisons, by_source)
+        passages = await asyncio.to_thread(self._split, upserts, poisons, by_source)
+        codes.update((r.source, "split_failed") for r, _ in poisons if r.source not in codes)
+        vectors = await self._embed(
+            [u for u in upserts if u.source in passages], passages, poisons, by_source
+        )
         codes.update((r.source, "embedding_failed") for r, _ in poisons if r.source not in codes)
         operations: list[Operation] = []
         for op in parsed:
@@ -130,7 +153,7 @@ class IngestCore:
         codes.update((r.source, "collection_refused") for r, _ in poisons if r.source not in codes)
         if poisons:
             await dead_letter(poisons)
-        refused = await self._write(live_upserts, deletes, vectors)
+        refused = await self._write(live_upserts, deletes, passages, vectors)
         if refused:
             await dead_letter([(by_source[op.source], reason) for op, reason in refused])
             poisons += [(by_source[op.source], reason) for op, reason in refused]
@@ -144,46 +167,82 @@ class IngestCore:
             code = codes.get(record.source, "invalid_record")
             report.reasons[code] = report.reasons.get(code, 0) + 1
         report.upserted = len(live_upserts)
+        report.passages = sum(len(passages[op.source]) for op in live_upserts)
         report.deleted = len(deletes)
         return report
 
-    async def _embed(
+    def _split(
         self,
         upserts: list[Upsert],
         poisons: list[tuple[RawRecord, str]],
         by_source: dict[SourceRef, RawRecord],
-    ) -> dict[SourceRef, list[float]]:
-        vectors: dict[SourceRef, list[float]] = {}
-        pending = upserts
+    ) -> dict[SourceRef, list[Passage]]:
+        """Each document's passages (in a thread: tokenizing long texts takes a while)."""
+        out: dict[SourceRef, list[Passage]] = {}
+        for op in upserts:
+            if self.chunking is None:
+                out[op.source] = [Passage(0, 0, len(op.text), op.text)]
+                continue
+            try:
+                out[op.source] = self.chunking.split(op.model, op.text)
+            except ValueError as exc:  # passage settings that leave a model no room
+                poisons.append((by_source[op.source], f"cannot split the document: {exc}"))
+        return out
+
+    async def _embed(
+        self,
+        upserts: list[Upsert],
+        passages: dict[SourceRef, list[Passage]],
+        poisons: list[tuple[RawRecord, str]],
+        by_source: dict[SourceRef, RawRecord],
+    ) -> dict[SourceRef, list[list[float]]]:
+        """Every passage's vector, by document; a document with a passage that cannot be
+        embedded is dead-lettered whole, with the first such passage's reason."""
+        got: dict[SourceRef, list[list[float] | None]] = {
+            u.source: [None] * len(passages[u.source]) for u in upserts
+        }
+        pending = [(u, p) for u in upserts for p in passages[u.source]]
+        failed: set[SourceRef] = set()
         attempt = 0
         while pending:
-            results = await self.embedder.embed([(u.model, u.text) for u in pending])
-            retry: list[Upsert] = []
-            for upsert, result in zip(pending, results, strict=True):
+            results = await self.embedder.embed([(u.model, p.text) for u, p in pending])
+            retry: list[tuple[Upsert, Passage]] = []
+            for (upsert, passage), result in zip(pending, results, strict=True):
+                if upsert.source in failed:
+                    continue
                 if not isinstance(result, FlotillaError):
-                    vectors[upsert.source] = result.tolist()
+                    got[upsert.source][passage.index] = result.tolist()
                 elif result.retriable and attempt < 3:
-                    retry.append(upsert)
+                    retry.append((upsert, passage))
                 else:
-                    reason = f"embedding failed: {result.message}"
-                    poisons.append((by_source[upsert.source], reason))
-            pending = retry
+                    failed.add(upsert.source)
+                    poisons.append((by_source[upsert.source], self._reason(upsert, result)))
+            pending = [(u, p) for u, p in retry if u.source not in failed]
             attempt += 1
             if pending:
                 await asyncio.sleep(0.5 * attempt)
-        return vectors
+        return {
+            source: [v for v in vectors if v is not None]
+            for source, vectors in got.items()
+            if source not in failed
+        }
+
+    def _reason(self, upsert: Upsert, error: FlotillaError) -> str:
+        if isinstance(error, LimitExceeded) and self.chunking is not None:
+            return self.chunking.too_long(upsert.model, upsert.text)
+        return f"embedding failed: {error.message}"
 
     async def _check_collections(
         self,
         upserts: list[Upsert],
-        vectors: dict[SourceRef, list[float]],
+        vectors: dict[SourceRef, list[list[float]]],
         poisons: list[tuple[RawRecord, str]],
         by_source: dict[SourceRef, RawRecord],
     ) -> list[Upsert]:
         kept: list[Upsert] = []
         refused: dict[str, str] = {}
         for op in upserts:
-            dimension = len(vectors[op.source])
+            dimension = len(vectors[op.source][0])
             if self._collections.get(op.collection) != (op.model, dimension):
                 if op.collection not in refused:
                     try:
@@ -208,57 +267,78 @@ class IngestCore:
         return kept
 
     async def _write(
-        self, upserts: list[Upsert], deletes: list[Delete], vectors: dict[SourceRef, list[float]]
+        self,
+        upserts: list[Upsert],
+        deletes: list[Delete],
+        passages: dict[SourceRef, list[Passage]],
+        vectors: dict[SourceRef, list[list[float]]],
     ) -> list[tuple[Operation, str]]:
-        """Writes the chunk; returns the operations the store refused, each with the reason."""
+        """Writes the chunk; returns the operations the store refused, each with the
+        reason. A document with a passage the store refuses is refused whole, and what
+        was written of it is deleted again: it is stored complete or not at all."""
         by_collection: dict[str, list[tuple[Upsert, Point]]] = {}
         for op in upserts:
-            by_collection.setdefault(op.collection, []).append(
+            parts = passages[op.source]
+            by_collection.setdefault(op.collection, []).extend(
                 (
                     op,
                     Point(
-                        id=point_id(op.collection, op.doc_id),
-                        vector=vectors[op.source],
-                        payload={
-                            "doc_id": op.doc_id,
-                            "text": op.text,
-                            "metadata": op.metadata,
-                            "model": op.model,
-                            "source": {
-                                "topic": op.source.topic,
-                                "partition": op.source.partition,
-                                "offset": op.source.offset,
-                            },
-                        },
+                        id=chunk_point_id(op.collection, op.doc_id, part.index),
+                        vector=vector,
+                        payload=_payload(op, part, len(parts)),
                     ),
                 )
+                for part, vector in zip(parts, vectors[op.source], strict=True)
             )
-        refused: list[tuple[Operation, str]] = []
+        refused: dict[SourceRef, tuple[Operation, str]] = {}
         for collection, writes in by_collection.items():
-            refused += await self._upsert(collection, writes)
-        deletes_by_collection: dict[str, list[Delete]] = {}
+            for start in range(0, len(writes), UPSERT_BATCH_POINTS):
+                for op, reason in await self._upsert(
+                    collection, writes[start : start + UPSERT_BATCH_POINTS]
+                ):
+                    refused.setdefault(op.source, (op, reason))
+        # Per collection, the documents by their new passage count: one delete of what
+        # lies past that count serves all of them.
+        counts: dict[str, dict[int, list[str]]] = {}
+        for op in upserts:
+            if op.source not in refused:
+                by_count = counts.setdefault(op.collection, {})
+                by_count.setdefault(len(passages[op.source]), []).append(op.doc_id)
+        for collection, by_count in counts.items():
+            for count, doc_ids in by_count.items():
+                await self.backoff.run(
+                    f"deleting stale passages of {len(doc_ids)} documents from {collection}",
+                    self.store.delete_matching,
+                    collection,
+                    {"doc_id": doc_ids, "chunk_index": AtLeast(count)},
+                )
+        deletes_by_collection: dict[str, list[Operation]] = {}
         for gone in deletes:
             deletes_by_collection.setdefault(gone.collection, []).append(gone)
+        for written, _ in refused.values():  # what was written of a refused document
+            deletes_by_collection.setdefault(written.collection, []).append(written)
         for collection, ops in deletes_by_collection.items():
-            ids = [point_id(collection, op.doc_id) for op in ops]
+            doc_ids = list(dict.fromkeys(each.doc_id for each in ops))
             try:
                 await self.backoff.run(
-                    f"deleting {len(ids)} points from {collection}",
-                    self.store.delete,
+                    f"deleting {len(doc_ids)} documents from {collection}",
+                    self.store.delete_matching,
                     collection,
-                    ids,
+                    {"doc_id": doc_ids},
                 )
             except CollectionNotFound:
                 pass  # a collection never written to has nothing to delete
             except StoreError as exc:
                 if exc.retriable:
                     raise
-                refused += [(op, f"the store refused the delete: {exc.message}") for op in ops]
-        return refused
+                for refused_op in ops:
+                    reason = f"the store refused the delete: {exc.message}"
+                    refused.setdefault(refused_op.source, (refused_op, reason))
+        return list(refused.values())
 
     async def _upsert(
         self, collection: str, writes: list[tuple[Upsert, Point]]
-    ) -> list[tuple[Operation, str]]:
+    ) -> list[tuple[Upsert, str]]:
         """Upserts the points; when the store refuses the batch for good (a payload it
         cannot hold, say), halves it until each refused point stands alone and returns
         those with the reason: one bad point costs a few more writes, not the chunk."""
@@ -279,3 +359,22 @@ class IngestCore:
                 collection, writes[half:]
             )
         return []
+
+
+def _payload(op: Upsert, part: Passage, count: int) -> dict[str, Any]:
+    """A passage's payload: the document's own fields and which part of it this is."""
+    return {
+        "doc_id": op.doc_id,
+        "text": part.text,
+        "chunk_index": part.index,
+        "chunk_count": count,
+        "char_start": part.start,
+        "char_end": part.end,
+        "metadata": op.metadata,
+        "model": op.model,
+        "source": {
+            "topic": op.source.topic,
+            "partition": op.source.partition,
+            "offset": op.source.offset,
+        },
+    }

@@ -29,7 +29,7 @@ async def test_ready_reports_ingest_beside_the_models() -> None:
     queue = RecordingQueue()
     host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=Loader())
     health = Health()
-    app = create_app(gateway_config(Settings()), fleet, queue, host, ingest=health)
+    app = create_app(gateway_config(Settings()), fleet, queue, host, ingest_health=health)
     transport = httpx.ASGITransport(app=app)
     async with host, httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         await asyncio.wait_for(host.wait_ready(), 10)
