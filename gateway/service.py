@@ -27,7 +27,7 @@ from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, EmbedJob, JobResult, ModelStates
 from embedder.queue import JobSubmitter
 from gateway import metrics
-from gateway.admission import Admission, RateMeter
+from gateway.admission import Admission
 from gateway.annotate import annotate
 from gateway.config import GatewayConfig
 
@@ -89,8 +89,7 @@ class Gateway:
         self.queue = queue
         self.states = states
         self.clock = clock
-        self.admission = Admission(config.max_inflight_tokens)
-        self.rates = RateMeter()
+        self.admission = Admission(config.max_inflight_tokens, clock=clock)
 
     async def handle(self, request: Request, route: Route) -> Response:
         # The route's template, not the path: /v1/collections/{name}/search is one label.
@@ -127,16 +126,13 @@ class Gateway:
         return Response(content=result.body, media_type=result.media_type, headers=headers)
 
     async def run(self, request: Request, job: EmbedJob) -> JobResult:
-        rate = self.rates.rate(job.model, self.clock())
-        with self.admission.admit(job.model, job.est_tokens, rate):
+        with self.admission.admit(job.model, job.est_tokens):
             metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
             try:
                 future = await self.queue.put(job)
-                result = await self.wait(request, job, future)
+                return await self.wait(request, job, future)
             finally:
                 metrics.INFLIGHT_TOKENS.labels(job.model).dec(job.est_tokens)
-        self.rates.add(job.model, job.est_tokens, self.clock())
-        return result
 
     async def wait(
         self, request: Request, job: EmbedJob, future: asyncio.Future[JobResult]
