@@ -19,3 +19,4 @@ class GatewayConfig:
     request_timeout_s: float
     max_inflight_tokens: int  # per model
     bytes_per_token: float  # for estimating a body's tokens without parsing it
+    body_timeout_s: float = 10.0  # longest wait for the next piece of a request body (408)

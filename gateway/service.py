@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from embedder.adapters import AdapterCatalog
@@ -30,11 +31,9 @@ from gateway import metrics
 from gateway.admission import Admission
 from gateway.annotate import annotate
 from gateway.config import GatewayConfig
+from gateway.errors import BodyTimeout, ClientGone
 
-
-class ClientGone(FlotillaError):
-    http_status = 499
-    code = "client_closed_request"
+log = logging.getLogger(__name__)
 
 
 class Route(Protocol):
@@ -105,6 +104,10 @@ class Gateway:
             self.check_ready(model)
             result = await route.respond(job, await self.run(request, job))
             status = 200
+        except ClientGone as exc:
+            status = exc.http_status
+            log.debug("%s %s: %s", request.method, request.url.path, exc.message)
+            raise
         except FlotillaError as exc:
             status = exc.http_status
             raise
@@ -185,7 +188,24 @@ class Gateway:
             raise too_big
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        stream = aiter(request.stream())
+        while True:
+            try:
+                async with asyncio.timeout(self.config.body_timeout_s):
+                    chunk = await anext(stream)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise BodyTimeout(
+                    f"the request body stopped arriving: nothing for "
+                    f"{self.config.body_timeout_s:g} s after {size} bytes"
+                    + (f" of {declared}" if declared is not None else "")
+                    + ": send the whole body, or raise --body-timeout-s (FLOTILLA_BODY_TIMEOUT_S)"
+                ) from None
+            except ClientDisconnect:
+                raise ClientGone(
+                    f"the client left after sending {size} bytes of the body"
+                ) from None
             size += len(chunk)
             if size > limit:
                 raise too_big
