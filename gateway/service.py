@@ -27,6 +27,7 @@ from embedder.errors import (
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, EmbedJob, JobResult, ModelStates
 from embedder.queue import JobSubmitter
+from embedder.rawjson import check_depth
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.annotate import annotate
@@ -99,6 +100,7 @@ class Gateway:
         try:
             self.authorize(request)
             body = await self.read_body(request)
+            check_depth(body)  # before anything decodes it: a decoder recurses per level
             job = await route.job(self, request, body, start)
             model = job.model
             self.check_ready(model)
