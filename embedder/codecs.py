@@ -64,6 +64,19 @@ class _OpenAIEmbeddings(msgspec.Struct):
     input_type: str | None = None  # as Cohere and Voyage name it; see INPUT_TYPES
 
 
+class _TokenIds(msgspec.Struct):
+    """An OpenAI body whose input is token ids (one list, or one per input)."""
+
+    input: list[int | list[int]]
+
+
+TOKEN_IDS = (
+    "'input' holds token ids, but flotilla tokenizes for itself: send the texts as strings. "
+    "LangChain's OpenAIEmbeddings sends token ids unless told not to: create it with "
+    "OpenAIEmbeddings(..., check_embedding_ctx_length=False)"
+)
+
+
 class _TeiEmbed(msgspec.Struct):
     inputs: str | list[str]
     normalize: bool = True
@@ -105,6 +118,23 @@ def _decode(body: bytes, kind: type[_B]) -> _B:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
     except RecursionError:  # a deeper stack than the depth check allows for
         raise InvalidRequest("the request body nests too deep to decode") from None
+
+
+def _holds_token_ids(body: bytes) -> bool:
+    try:
+        msgspec.json.decode(body, type=_TokenIds)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+        return False
+    return True
+
+
+def _decode_openai(body: bytes) -> _OpenAIEmbeddings:
+    try:
+        return _decode(body, _OpenAIEmbeddings)
+    except InvalidRequest:
+        if not _holds_token_ids(body):  # looked at only when the body failed
+            raise
+        raise InvalidRequest(TOKEN_IDS) from None
 
 
 def _texts(value: str | list[str], field: str, limits: RequestLimits) -> list[str]:
@@ -161,7 +191,7 @@ def _dimensions(value: int | None) -> int | None:
 
 def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRequest:
     if shape is ApiShape.OPENAI_EMBEDDINGS:
-        oa = _decode(body, _OpenAIEmbeddings)
+        oa = _decode_openai(body)
         return EmbedRequest(
             texts=_texts(oa.input, "input", limits),
             truncate=limits.auto_truncate,

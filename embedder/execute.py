@@ -21,21 +21,14 @@ from numpy.typing import NDArray
 
 from embedder.adapters import AdapterCatalog, ResidentAdapters
 from embedder.batching import BatchLimits
-from embedder.codecs import (
-    EmbedRequest,
-    RequestLimits,
-    RerankRequest,
-    decode_embed,
-    decode_rerank,
-    encode_embed,
-    encode_rerank,
-    shape_vectors,
-)
+from embedder.codecs import EmbedRequest, RequestLimits, RerankRequest, shape_vectors
+from embedder.cohere_v2 import check_window
 from embedder.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
 from embedder.fleet import ModelSpec
 from embedder.jobs import EmbedJob, JobResult, Task, Timings, TruncationSide
 from embedder.queue import Outcome
 from embedder.runtimes import Encoded, Runtime
+from embedder.shapes import decode_embed, decode_rerank, encode_embed, encode_rerank
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +85,7 @@ def _prepare(
     max_tokens = runtime.info.max_tokens
     if job.task is Task.EMBED:
         request = decode_embed(job.shape, job.body, limits)
+        check_window(request, max_tokens)
         side = request.side
         texts = _cut(request.texts, side, max_tokens) if request.truncate else request.texts
         prefix = spec.prompt_prefix(request.prompt_name, request.use)  # unknown name: 422
@@ -100,6 +94,7 @@ def _prepare(
         _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
     rerank = decode_rerank(job.shape, job.body, limits)
+    check_window(rerank, max_tokens)
     side = rerank.side
     query, docs = rerank.query, rerank.documents  # the request keeps them whole (return_text)
     if rerank.truncate:
@@ -238,7 +233,9 @@ def finish_batch(forwarded: Forwarded, model: LoadedModel, now: float) -> BatchR
         try:
             if isinstance(request, EmbedRequest):
                 vectors = shape_vectors(rows, request, model.spec.normalize)
-                body = encode_embed(job.shape, request, vectors, model.spec.name, encoded.tokens)
+                body = encode_embed(
+                    job.shape, request, vectors, model.spec.name, encoded.tokens, job.id
+                )
             else:
                 scores = _scores(model, rows, request)
                 body = encode_rerank(

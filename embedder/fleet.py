@@ -8,6 +8,7 @@ gateway can read the fleet to validate model names and limits.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -271,6 +272,18 @@ class Fleet(BaseModel):
     @property
     def default_model(self) -> str:
         return next(iter(self.models))
+
+    def only(self, names: Sequence[str]) -> Fleet:
+        """This fleet cut to the named models (names or aliases), in that order, so the
+        first is the default; ModelNotFound for a name the fleet lacks. A command that
+        uses a few models loads only those."""
+        if not names:
+            raise ValueError("a fleet needs at least one model")
+        picked: dict[str, ModelSpec] = {}
+        for name in names:
+            spec = self.get(name)
+            picked.setdefault(spec.name, spec)
+        return self.model_copy(update={"models": picked})
 
     def with_model_cache(self, folder: Path | None) -> Fleet:
         """This fleet with imported models written under ``folder`` (each importer in its

@@ -25,16 +25,24 @@ class ApiShape(enum.StrEnum):
 
     OPENAI_EMBEDDINGS = "openai_embeddings"
     TEI_EMBED = "tei_embed"
+    TEI_ROOT = "tei_root"  # TEI's root: an embed body, or a similarity one (HF clients)
+    TEI_SIMILARITY = "tei_similarity"
     TEI_RERANK = "tei_rerank"
     COHERE_RERANK = "cohere_rerank"
+    COHERE_EMBED_V2 = "cohere_embed_v2"
+    COHERE_RERANK_V2 = "cohere_rerank_v2"
     RAW_VECTORS = "raw_vectors"  # internal (ingest, search): TEI body in, float32 bytes out
 
 
 TASK_OF_SHAPE: dict[ApiShape, Task] = {
     ApiShape.OPENAI_EMBEDDINGS: Task.EMBED,
     ApiShape.TEI_EMBED: Task.EMBED,
+    ApiShape.TEI_ROOT: Task.EMBED,
+    ApiShape.TEI_SIMILARITY: Task.EMBED,
     ApiShape.TEI_RERANK: Task.RERANK,
     ApiShape.COHERE_RERANK: Task.RERANK,
+    ApiShape.COHERE_EMBED_V2: Task.EMBED,
+    ApiShape.COHERE_RERANK_V2: Task.RERANK,
     ApiShape.RAW_VECTORS: Task.EMBED,
 }
 

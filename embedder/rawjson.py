@@ -52,7 +52,7 @@ def check_depth(body: bytes, limit: int = MAX_DEPTH) -> None:
     if found > limit:
         raise InvalidRequest(
             f"the request body nests {found} levels deep, more than the {limit} accepted: "
-            "send the inputs as strings or a flat list of strings"
+            "flatten it (inputs are strings or lists of them; metadata a few levels deep)"
         )
 
 

@@ -13,11 +13,13 @@ import typer
 
 from flotilla.flags import (
     ADAPTERS,
+    CHUNKING,
     DECODING,
     HTTP_API,
     KAFKA_INGEST,
     MODELS,
     PROFILES,
+    PROGRESS,
     RECORDS,
     STORE,
     TUNE,
@@ -42,6 +44,7 @@ def _width_without_terminal() -> None:
 @settings_flags(HTTP_API | MODELS | PROFILES | DECODING | STORE | RECORDS | KAFKA_INGEST)
 def serve(settings: Settings) -> None:
     """Gateway, in-process queue and a worker in one process, on the embedded defaults."""
+    _check_collection(settings)
     from flotilla.serve import serve as run
 
     run(settings)
@@ -84,8 +87,20 @@ def worker(settings: Settings) -> None:
 
 
 @app.command()
-# One input per job (no request limit to hit), and no logging set up (no log_level).
-@settings_flags(MODELS | PROFILES | ADAPTERS | STORE | RECORDS | KAFKA_INGEST)
+# One input per job (no request limit to hit), and no logging set up (no log_level). With
+# --server no model loads: the batches are sized to the server's limits (api_keys
+# authenticates, the body and token limits bound a batch).
+@settings_flags(
+    MODELS
+    | PROFILES
+    | ADAPTERS
+    | STORE
+    | RECORDS
+    | KAFKA_INGEST
+    | PROGRESS
+    | {"api_keys", "max_body_bytes", "max_inflight_tokens"},
+    also={"ingest_model": "--model"},
+)
 def ingest(
     settings: Settings,
     source: Annotated[
@@ -96,24 +111,77 @@ def ingest(
         bool,
         typer.Option("--produce", help="With --from: send the file to --topic, not the store."),
     ] = False,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="With --from: send the file to the documents route of the flotilla server "
+            "at this URL (the way in to collections it owns); no model loads here.",
+        ),
+    ] = None,
 ) -> None:
     """Embed documents into the vector store: from --topic (a consumer-group member
-    until Ctrl-C), or from a file (--from), or send a file to the topic (--produce)."""
+    until Ctrl-C), or from a file (--from), or send a file to the topic (--produce) or to
+    a running server (--server). Documents longer than the model's window are split into
+    passages (--no-chunking keeps them whole)."""
     import asyncio
 
-    if produce and source is None:
-        raise typer.BadParameter("--produce sends a file: give it with --from")
+    from embedder.errors import FlotillaError
+
+    if (produce or server is not None) and source is None:
+        raise typer.BadParameter(
+            f"{'--produce' if produce else '--server'} sends a file: give it with --from"
+        )
+    if produce and server is not None:
+        raise typer.BadParameter("--produce sends to Kafka, --server to a server: choose one")
     if source is not None and not source.is_file():
         raise typer.BadParameter(f"{source} is not a file", param_hint="'--from'")
+    if server is not None:
+        _check_url(server)
+    _check_collection(settings)
     exit_cleanly_until_running()
     from flotilla import ingest as run
 
-    if source is None:
-        asyncio.run(run.consume(settings))
-    elif produce:
-        asyncio.run(run.produce(settings, source))
-    else:
-        asyncio.run(run.backfill(settings, source))
+    try:
+        if source is None:
+            asyncio.run(run.consume(settings))
+        elif produce:
+            asyncio.run(run.produce(settings, source))
+        elif server is not None:
+            from flotilla.documents_client import send
+
+            asyncio.run(send(settings, source, server))
+        else:
+            asyncio.run(run.backfill(settings, source))
+    except FlotillaError as exc:  # classified: its message says what to do
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _check_collection(settings: Settings) -> None:
+    """The collection name, checked before any model loads (not in Settings: the store's
+    rules import numpy, and every command would pay for it at start)."""
+    from ingest.store.contract import check_collection_name
+    from ingest.store.errors import InvalidStoreRequest
+
+    try:
+        check_collection_name(settings.collection)
+    except InvalidStoreRequest as exc:
+        raise typer.BadParameter(exc.message, param_hint="'--collection'") from None
+
+
+def _check_url(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise typer.BadParameter(
+            f"{url!r} is not a server URL: give http(s)://HOST[:PORT]", param_hint="'--server'"
+        )
+    try:
+        parts.port  # noqa: B018 - parsing it checks it
+    except ValueError as exc:
+        raise typer.BadParameter(f"{url!r}: {exc}", param_hint="'--server'") from None
 
 
 models_app = typer.Typer(
@@ -350,6 +418,7 @@ for _name, _module, _help in (
     ),
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
+    ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 
@@ -454,8 +523,13 @@ app.add_typer(eval_app, name="eval")
 
 
 @eval_app.command("retrieval")
-# Not auto_truncate: an evaluation cuts every over-long passage (flotilla.evaluate).
-@settings_flags((MODELS | PROFILES | ADAPTERS | STORE | RECORDS) - {"auto_truncate"})
+# Not auto_truncate or chunking: an evaluation cuts every over-long passage, and embeds
+# its own --model (flotilla.evaluate).
+@settings_flags(
+    (MODELS | PROFILES | ADAPTERS | STORE | RECORDS | PROGRESS)
+    - CHUNKING
+    - {"auto_truncate", "ingest_model"}
+)
 def eval_retrieval(
     settings: Settings,
     queries: Annotated[Path, typer.Option("--queries", help="queries.jsonl: id, text.")],
@@ -491,6 +565,7 @@ def eval_retrieval(
 
     if not model and not bm25:
         raise typer.BadParameter("nothing to evaluate: give --model, or keep --bm25")
+    _check_collection(settings)
     corpus = corpus or queries.with_name("corpus.jsonl")
     for path, flag in ((queries, "--queries"), (qrels, "--qrels"), (corpus, "--corpus")):
         if not path.is_file():

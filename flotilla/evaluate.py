@@ -5,7 +5,6 @@ configured store), as `flotilla ingest` runs them."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 from collections.abc import Sequence
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from flotilla import wiring
-from flotilla.ingest import progress_bar
+from flotilla.progress import Progress
 from flotilla.settings import Settings
 from ingest.store import VectorStore
 from lora.dataset import read_corpus, read_qrels, read_queries
@@ -48,12 +47,20 @@ async def retrieval(
         )
     if models:
         # Passages longer than a model's window are cut, as search cuts queries: an
-        # evaluation scores every passage rather than refusing the long ones.
-        settings = settings.model_copy(update={"auto_truncate": True})
-        async with wiring.running_stack(settings, store=store) as stack:
+        # evaluation scores every passage (one point each, as its judgements are per
+        # passage) rather than refusing or splitting the long ones.
+        settings = settings.model_copy(update={"auto_truncate": True, "chunking": False})
+        # Only the models evaluated are loaded (an adapter's base for 'model:adapter').
+        async with wiring.running_stack(settings, store=store, models=models) as stack:
             for model in models:
-                with progress_bar() as bar:
-                    task = bar.add_task(f"{model}: corpus", total=len(corpus), lag="")
+                progress = Progress(
+                    f"{model}: corpus",
+                    len(corpus),
+                    unit="passages",
+                    outcomes=False,
+                    interval_s=settings.progress_interval_s,
+                )
+                async with progress:
                     result = await dense_system(
                         stack.core,
                         stack.store,
@@ -62,7 +69,7 @@ async def retrieval(
                         qrels,
                         collection=settings.collection,
                         model=model,
-                        on_chunk=functools.partial(bar.advance, task),
+                        on_chunk=progress.advance,
                     )
                 results.append(result)
     print(table(results))

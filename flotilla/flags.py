@@ -9,7 +9,7 @@ import functools
 import inspect
 import os
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,14 +83,31 @@ HTTP_API = ADAPTERS | {
 }
 # wiring.configured_store(): the embedded store under data_dir, or a Qdrant server.
 STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})
-# wiring.local_stack()'s IngestCore: record_rules() and its QueueEmbedder.
-RECORDS = frozenset({"collection", "ingest_max_text_bytes", "bytes_per_token", "auto_truncate"})
+# wiring.local_stack()'s IngestCore: record_rules(), its QueueEmbedder and its chunking.
+CHUNKING = frozenset({"chunking", "chunk_max_tokens", "chunk_overlap_tokens"})
+RECORDS = CHUNKING | {
+    "collection",
+    "ingest_model",
+    "ingest_max_text_bytes",
+    "bytes_per_token",
+    "auto_truncate",
+}
 # wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`).
 KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records"})
+# flotilla.progress: the plain lines of a long command whose output is not a terminal.
+PROGRESS = frozenset({"progress_interval_s"})
 # Both halves of the Kafka work queue and the worker heartbeats.
 WORK_QUEUE = frozenset(
     {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}
 )
+
+
+def _names(name: str, also: Mapping[str, str] | None) -> tuple[str, ...]:
+    """A setting's flag names: none given lets Typer derive it (--<name>, --no-<name> for
+    a bool); a second name gets both spelled out."""
+    if also is None or name not in also:
+        return ()
+    return (f"--{name.replace('_', '-')}", also[name])
 
 
 def _flag_type(annotation: Any) -> Any:
@@ -124,14 +141,18 @@ ENVIRONMENT_NOTE = "Settings are also FLOTILLA_<NAME> environment variables; a f
 
 
 def settings_flags(
-    reads: Iterable[str], cls: type[Settings] = Settings
+    reads: Iterable[str],
+    cls: type[Settings] = Settings,
+    *,
+    also: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give ``func(settings, ...)`` a flag per field of ``cls`` (Settings or a subclass that
     adds a command's own settings). Those in ``reads``, the settings the command uses, are
     shown in their GROUPS panel with their defaults; the others are hidden but accepted,
     as every FLOTILLA_* variable is, so that one list of flags or one environment serves
     every process of a deployment. Only flags given on the command line reach ``cls``,
-    which reads the environment for the rest."""
+    which reads the environment for the rest. ``also`` gives a setting a second flag name
+    on this command (``{"ingest_model": "--model"}``)."""
     panel = {name: title for title, names in GROUPS.items() for name in names}
     if unplaced := set(cls.model_fields) - set(panel):
         raise TypeError(f"settings in no GROUPS panel: {sorted(unplaced)}")
@@ -139,6 +160,9 @@ def settings_flags(
     if unknown := shown - set(cls.model_fields):
         raise TypeError(f"not settings of {cls.__name__}: {sorted(unknown)}")
     ordered = [name for names in GROUPS.values() for name in names if name in cls.model_fields]
+    for name in also or {}:
+        if cls.model_fields[name].annotation is bool:
+            raise TypeError(f"{name} is a --x/--no-x flag: a second name would lose --no-x")
 
     def decorate(func: Callable[..., None]) -> Callable[..., None]:
         hints = typing.get_type_hints(func, include_extras=True)  # Annotated flags survive
@@ -157,6 +181,7 @@ def settings_flags(
                 KEYWORD_ONLY,
                 default=typer.Option(
                     _shown_default(cls.model_fields[name]),
+                    *_names(name, also),
                     help=cls.model_fields[name].description,
                     rich_help_panel=panel[name],
                     hidden=name not in shown,

@@ -1,8 +1,10 @@
 """`flotilla ingest`: a Kafka consumer, a backfill from a file, or a file sent to the
-topic.
+topic (or to a running server: ``flotilla.documents_client``).
 
-The first two run the local stack (``flotilla.wiring``): the model host, the
-in-process queue and the same IngestCore that `flotilla serve` runs beside the gateway.
+The first two run the local stack (``flotilla.wiring``) with the ingest model only: the
+model host, the in-process queue and the same IngestCore that `flotilla serve` runs
+beside the gateway. Both open the target collection before loading the model, so one
+that another process owns fails at once, naming the ways in.
 """
 
 from __future__ import annotations
@@ -14,22 +16,12 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
 
 from flotilla import wiring
+from flotilla.progress import Progress, Tally
 from flotilla.settings import Settings
 from flotilla.signals import stop_event
-from ingest.kafka_source import TopicMissing
+from ingest.kafka_source import TopicMissing, dlq_topic
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef
 
@@ -40,7 +32,9 @@ async def consume(settings: Settings) -> None:
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
     with contextlib.suppress(wiring.Stopped):
-        async with wiring.running_stack(settings, stop) as stack:
+        async with wiring.running_stack(
+            settings, stop, models=wiring.ingest_models(settings), claim=[settings.collection]
+        ) as stack:
             try:
                 await _consume(settings, stack.core, stop)
             except TopicMissing as exc:
@@ -49,21 +43,30 @@ async def consume(settings: Settings) -> None:
 
 async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) -> None:
     source = wiring.kafka_source(settings, core)
-    async with source:
-        running = asyncio.ensure_future(source.wait())
-        with progress_bar() as bar:
-            task = bar.add_task(f"{settings.topic} -> {settings.collection}", lag="")
+
+    def tally() -> Tally:
+        totals = source.totals
+        done = totals.upserted + totals.deleted + totals.dead_lettered
+        return Tally(done, totals.upserted, totals.deleted, totals.dead_lettered)
+
+    progress = Progress(
+        f"{settings.topic} -> {settings.collection}",
+        unit="records",
+        interval_s=settings.progress_interval_s,
+        note=lambda: f"lag {sum(source.lag.values())}",
+    )
+    async with progress:
+        async with source:
+            running = asyncio.ensure_future(source.wait())
             while not (running.done() or stop.is_set()):
                 await asyncio.wait({running}, timeout=1.0)
-                totals = source.totals
-                bar.update(
-                    task,
-                    completed=totals.upserted + totals.deleted + totals.dead_lettered,
-                    lag=f"lag {sum(source.lag.values())}",
-                )
-        if running.done():
-            running.result()  # re-raise what stopped the source
-        running.cancel()
+                progress.set(tally())
+            if running.done():
+                running.result()  # re-raise what stopped the source
+            running.cancel()
+        progress.set(tally())  # with the chunk drained at the stop
+    dead = f"; reasons in topic {dlq_topic(source.topic)}" if source.totals.dead_lettered else ""
+    print(progress.summary() + dead)
 
 
 def read_records(path: Path) -> Iterator[RawRecord]:
@@ -82,7 +85,7 @@ def read_records(path: Path) -> Iterator[RawRecord]:
                 yield RawRecord(None, line.rstrip(b"\r\n"), (), SourceRef(str(path), 0, number))
 
 
-def _count(path: Path) -> int | None:
+def count_records(path: Path) -> int | None:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -102,29 +105,53 @@ def _chunks(records: Iterator[RawRecord], size: int) -> Iterator[list[RawRecord]
         yield chunk
 
 
-async def backfill(settings: Settings, path: Path) -> None:
-    """Embed a file's documents straight into the store; poison lines go to
-    ``<file>.dlq.jsonl`` with their reason."""
-    dlq_path = path.with_name(path.name + ".dlq.jsonl")
-    dead = 0
+class DeadLetterFile:
+    """A file's documents that could not be ingested, each with its reason, one JSON object
+    a line (``line``, ``reason``, ``value``) in ``<file>.dlq.jsonl``: the backfill's and
+    the --server path's. A run starts it afresh, so it holds that run's failures."""
 
-    async def dead_letter(poisons: Sequence[tuple[RawRecord, str]]) -> None:
-        nonlocal dead
-        with dlq_path.open("a", encoding="utf-8") as out:
-            for record, reason in poisons:
+    def __init__(self, source: Path) -> None:
+        self.path = source.with_name(source.name + ".dlq.jsonl")
+        self.path.unlink(missing_ok=True)
+        self.count = 0
+
+    def write(self, entries: Sequence[tuple[RawRecord, str]]) -> None:
+        with self.path.open("a", encoding="utf-8") as out:
+            for record, reason in entries:
                 value = (record.value or b"").decode("utf-8", errors="replace")
                 entry = {"line": record.source.offset, "reason": reason, "value": value}
                 out.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        dead += len(poisons)
+        self.count += len(entries)
 
-    async with wiring.running_stack(settings) as stack:
-        with progress_bar() as bar:
-            task = bar.add_task(f"{path.name} -> {settings.collection}", total=_count(path), lag="")
+    def __str__(self) -> str:
+        return f"; reasons in {self.path}" if self.count else ""
+
+
+async def backfill(settings: Settings, path: Path) -> None:
+    """Embed a file's documents straight into the store; poison lines go to
+    ``<file>.dlq.jsonl`` with their reason."""
+    models = wiring.ingest_models(settings)
+    async with wiring.running_stack(settings, models=models, claim=[settings.collection]) as stack:
+        dead = DeadLetterFile(path)
+
+        async def dead_letter(poisons: Sequence[tuple[RawRecord, str]]) -> None:
+            dead.write(poisons)
+
+        progress = Progress(
+            f"{path.name} -> {settings.collection}",
+            count_records(path),
+            interval_s=settings.progress_interval_s,
+        )
+        async with progress:
             for chunk in _chunks(read_records(path), settings.ingest_max_records):
-                await stack.core.process(chunk, dead_letter)
-                bar.advance(task, len(chunk))
-    if dead:
-        print(f"{dead} documents could not be ingested; see {dlq_path}")
+                report = await stack.core.process(chunk, dead_letter)
+                progress.add(
+                    done=len(chunk),
+                    stored=report.upserted,
+                    deleted=report.deleted,
+                    failed=report.dead_lettered,
+                )
+    print(f"{progress.summary()}{dead}")
 
 
 async def produce(settings: Settings, path: Path) -> None:
@@ -135,9 +162,14 @@ async def produce(settings: Settings, path: Path) -> None:
         bootstrap_servers=settings.kafka, enable_idempotence=True, acks="all", linger_ms=5
     )
     await producer.start()
+    progress = Progress(
+        f"{path.name} -> {settings.topic}",
+        count_records(path),
+        interval_s=settings.progress_interval_s,
+        outcomes=False,
+    )
     try:
-        with progress_bar() as bar:
-            task = bar.add_task(f"{path.name} -> {settings.topic}", total=_count(path), lag="")
+        async with progress:
             for chunk in _chunks(read_records(path), 1000):
                 sends = []
                 for record in chunk:
@@ -145,9 +177,10 @@ async def produce(settings: Settings, path: Path) -> None:
                         await producer.send(settings.topic, value=record.value, key=_key(record))
                     )
                 await asyncio.gather(*sends)
-                bar.advance(task, len(chunk))
+                progress.add(done=len(chunk))
     finally:
         await producer.stop()
+    print(f"{progress.summary()} (acknowledged by the broker)")
 
 
 def _key(record: RawRecord) -> bytes | None:
@@ -157,20 +190,3 @@ def _key(record: RawRecord) -> bytes | None:
         if doc_id is not None:
             return str(doc_id).encode()
     return None
-
-
-class RateColumn(ProgressColumn):
-    def render(self, task: Task) -> Text:
-        return Text(f"{task.speed or 0:,.0f} docs/s")
-
-
-def progress_bar() -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        RateColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[lag]}"),
-    )

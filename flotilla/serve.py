@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> FastAPI:
-    stack = wiring.local_stack(settings)
+    stack = wiring.local_stack(settings, serving_url=wiring.server_url(settings))
     host = stack.host
     ingesting = bool(settings.kafka and settings.topic)
     source = wiring.kafka_source(settings, stack.core) if ingesting else None
@@ -54,6 +54,7 @@ def build_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
         store=stack.store,
         adapters=stack.adapters,
+        ingest=stack.core,
     )
     app.state.host = host
     return app

@@ -155,6 +155,32 @@ class Settings(BaseSettings):
     )
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL (--store qdrant).")
     qdrant_api_key: str | None = Field(default=None, description="Qdrant API key, if any.")
+    ingest_model: str | None = Field(
+        default=None,
+        description="Model that embeds the documents of `ingest` and `serve --kafka` (name, "
+        "alias or MODEL:ADAPTER); the fleet's first when unset. A record's flotilla-model "
+        "header or 'model' field still chooses its own.",
+    )
+    chunking: bool = Field(
+        default=True,
+        description="Split a document longer than its model's window into passages, each a "
+        "point of its own, at sentence or paragraph ends. Off: such a document is "
+        "dead-lettered, or cut to the window with --auto-truncate.",
+    )
+    chunk_max_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Most tokens in a passage, the model's prompt and special tokens "
+        "included; 0 (or more than the window) takes the model's window. Smaller passages "
+        "match more precisely and make more points to embed and store.",
+    )
+    chunk_overlap_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Tokens at the end of a passage repeated at the start of the next, in "
+        "whole units (sentences, else words), at most half a passage. More keeps context "
+        "across a cut; each repeated token is embedded and stored again.",
+    )
     ingest_max_text_bytes: int = Field(
         default=200_000,
         gt=0,
@@ -165,7 +191,14 @@ class Settings(BaseSettings):
         default=512,
         gt=0,
         description="Records per chunk: one commit per chunk. Larger amortizes commits and "
-        "fills batches; smaller redelivers less after a crash.",
+        "fills batches; smaller redelivers less after a crash. Also the most documents "
+        "one request to a server's documents route may carry (413 above).",
+    )
+    progress_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between the plain progress lines a long command prints when its "
+        "output is not a terminal (a log, CI, a pipe); a terminal gets a live bar instead.",
     )
 
     # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
@@ -253,7 +286,16 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "bytes_per_token",
     ),
     "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
-    "Ingest": ("collection", "ingest_max_text_bytes", "ingest_max_records"),
+    "Ingest": (
+        "collection",
+        "ingest_model",
+        "chunking",
+        "chunk_max_tokens",
+        "chunk_overlap_tokens",
+        "ingest_max_text_bytes",
+        "ingest_max_records",
+        "progress_interval_s",
+    ),
     "Kafka": (
         "kafka",
         "topic",

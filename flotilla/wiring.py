@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import uvicorn
@@ -34,11 +34,12 @@ from flotilla.http_server import server_config
 from flotilla.settings import Settings
 from flotilla.signals import unless_stopped
 from gateway.config import GatewayConfig
-from ingest.embedding import QueueEmbedder
+from ingest.chunking import Chunking
+from ingest.embedding import QueueEmbedder, model_windows
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
 from ingest.records import RecordRules
-from ingest.store import VectorStore, open_store
+from ingest.store import CollectionNotFound, VectorStore, open_store
 
 
 def configured_fleet(settings: Settings) -> Fleet:
@@ -64,15 +65,38 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         max_inflight_tokens=settings.max_inflight_tokens,
         bytes_per_token=settings.bytes_per_token,
         body_timeout_s=settings.body_timeout_s,
+        max_documents_per_request=settings.ingest_max_records,
     )
 
 
-def configured_store(settings: Settings) -> VectorStore:
+def configured_store(settings: Settings, *, serving_url: str | None = None) -> VectorStore:
+    """The vector store; an embedded one names ``serving_url`` (this process's server,
+    if it runs one) to any other process that tries to open a collection it owns."""
     if settings.store == "qdrant":
         if not settings.qdrant_url:
             raise SystemExit("--store qdrant needs --qdrant-url (FLOTILLA_QDRANT_URL)")
         return open_store("qdrant", url=settings.qdrant_url, api_key=settings.qdrant_api_key)
-    return open_store("edge", data_dir=settings.data_dir)
+    return open_store("edge", data_dir=settings.data_dir, serving_url=serving_url)
+
+
+def server_url(settings: Settings) -> str | None:
+    """Where this process's HTTP API is reached from this machine (None on a port chosen
+    at start): a wildcard bind is reached on loopback."""
+    if settings.port == 0:
+        return None
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(settings.host, settings.host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{settings.port}"
+
+
+def ingest_models(settings: Settings) -> list[str]:
+    """The models an ingest command loads: the one documents are embedded with unless
+    a record names another (--model, else the fleet's first). A --model the fleet lacks
+    fails here, before anything loads."""
+    fleet = configured_fleet(settings)
+    if settings.ingest_model is None:
+        return [fleet.default_model]
+    record_rules(settings, fleet, adapter_catalog(settings, fleet))
+    return [settings.ingest_model]
 
 
 def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
@@ -88,9 +112,19 @@ def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> 
             return None
         return f"{model}:{adapter}"
 
+    default_model = fleet.default_model
+    if settings.ingest_model is not None:
+        resolved = resolve(settings.ingest_model)
+        if resolved is None:
+            raise SystemExit(
+                f"--model {settings.ingest_model!r} (FLOTILLA_INGEST_MODEL) is neither a "
+                f"model of the fleet ({', '.join(fleet.models)}) nor MODEL:ADAPTER of a "
+                "registered adapter"
+            )
+        default_model = resolved
     return RecordRules(
         default_collection=settings.collection,
-        default_model=fleet.default_model,
+        default_model=default_model,
         max_text_bytes=settings.ingest_max_text_bytes,
         resolve_model=resolve,
     )
@@ -130,18 +164,39 @@ class LocalStack:
     core: IngestCore
 
 
-def local_stack(settings: Settings, store: VectorStore | None = None) -> LocalStack:
-    """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``)."""
+def local_stack(
+    settings: Settings,
+    store: VectorStore | None = None,
+    *,
+    models: Sequence[str] | None = None,
+    serving_url: str | None = None,
+) -> LocalStack:
+    """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``).
+    ``models`` (names, aliases or 'model:adapter') cuts the fleet to what a command
+    uses, the first becoming the default; every model of the fleet when None."""
     fleet = configured_fleet(settings)
+    if models is not None:
+        fleet = fleet.only([split_model(name)[0] for name in models])
     adapters = adapter_catalog(settings, fleet)
     queue = InProcessQueue()
-    store = store or configured_store(settings)
+    store = store or configured_store(settings, serving_url=serving_url)
+    rules = record_rules(settings, fleet, adapters)  # a bad --model fails before loading
     embedder = QueueEmbedder(
         queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
     )
-    core = IngestCore(embedder, store, record_rules(settings, fleet, adapters))
     host = model_host(settings, fleet, queue, adapters)
+    core = IngestCore(embedder, store, rules, chunking=chunking(settings, host))
     return LocalStack(fleet, adapters, queue, host, store, core)
+
+
+def chunking(settings: Settings, host: ModelHost) -> Chunking:
+    """Passages counted with each loaded model's own tokenizer and document prompt."""
+    return Chunking(
+        model_windows(host.loaded),
+        enabled=settings.chunking,
+        max_tokens=settings.chunk_max_tokens,
+        overlap_tokens=settings.chunk_overlap_tokens,
+    )
 
 
 class Stopped(Exception):
@@ -150,18 +205,31 @@ class Stopped(Exception):
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    settings: Settings, stop: asyncio.Event | None = None, *, store: VectorStore | None = None
+    settings: Settings,
+    stop: asyncio.Event | None = None,
+    *,
+    store: VectorStore | None = None,
+    models: Sequence[str] | None = None,
+    claim: Sequence[str] = (),
 ) -> AsyncIterator[LocalStack]:
     """A local stack with its models loaded and its worker pulling, writing to the
-    configured store (or to ``store``, which it then closes). Raises ``Stopped`` if
-    ``stop`` is set before the models are loaded."""
-    stack = local_stack(settings, store)
-    async with stack.host, stack.store:
-        if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
-            raise Stopped
-        if not stack.host.loaded:
-            raise SystemExit(f"no model could be loaded: {stack.host.failed}")
-        yield stack
+    configured store (or to ``store``, which it then closes). The collections in
+    ``claim`` are opened before any model loads, so one that another process owns
+    fails the command at once (``ShardLocked``). Raises ``Stopped`` if ``stop`` is set
+    before the models are loaded."""
+    stack = local_stack(settings, store, models=models)
+    async with stack.store:
+        for collection in claim:
+            with contextlib.suppress(CollectionNotFound):  # created on its first write
+                await stack.core.backoff.run(
+                    f"opening collection {collection}", stack.store.describe, collection
+                )
+        async with stack.host:
+            if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
+                raise Stopped
+            if not stack.host.loaded:
+                raise SystemExit(f"no model could be loaded: {stack.host.failed}")
+            yield stack
 
 
 def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:

@@ -16,19 +16,27 @@ from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, ModelStates
 from embedder.queue import JobSubmitter
 from gateway import handlers, metrics
+from gateway.answers import Readiness
 from gateway.config import GatewayConfig
+from gateway.documents import add_document_routes
 from gateway.openapi import ApiDocs
-from gateway.schemas import BODIES, SEARCH, Readiness
+from gateway.schemas import DOCUMENTED, SEARCH
 from gateway.search import CollectionSearch
 from gateway.service import Gateway, ShapeRoute
+from ingest.pipeline import IngestCore
 from ingest.store import VectorStore
 
 ROUTES: dict[str, ApiShape] = {
-    "/": ApiShape.TEI_EMBED,  # TEI answers its default task at the root; HF clients post here
+    # TEI answers at its root; huggingface_hub posts feature_extraction and
+    # sentence_similarity there
+    "/": ApiShape.TEI_ROOT,
     "/v1/embeddings": ApiShape.OPENAI_EMBEDDINGS,
     "/embed": ApiShape.TEI_EMBED,
+    "/similarity": ApiShape.TEI_SIMILARITY,
     "/rerank": ApiShape.TEI_RERANK,
     "/v1/rerank": ApiShape.COHERE_RERANK,
+    "/v2/embed": ApiShape.COHERE_EMBED_V2,
+    "/v2/rerank": ApiShape.COHERE_RERANK_V2,
 }
 
 
@@ -40,6 +48,7 @@ def create_app(
     lifespan: Callable[[FastAPI], object] | None = None,
     store: VectorStore | None = None,
     adapters: AdapterCatalog | None = None,
+    ingest: IngestCore | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
@@ -60,7 +69,7 @@ def create_app(
     for path, shape in ROUTES.items():
         app.add_api_route(
             path, handler(shape), methods=["POST"], response_class=Response,
-            **docs.route(path, BODIES[shape]),
+            **docs.route(path, DOCUMENTED[shape]),
         )  # fmt: skip
 
     if store is not None:
@@ -72,6 +81,9 @@ def create_app(
             request: Request, name: Annotated[str, Path(examples=["documents"])]
         ) -> Response:
             return await gateway.handle(request, CollectionSearch(search_store, name))
+
+    if ingest is not None:  # the process that owns the store takes documents for it
+        add_document_routes(app, gateway, ingest, docs)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:

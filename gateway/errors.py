@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from embedder.errors import FlotillaError
-from gateway.schemas import OpenAIError, TEIError
+from gateway.answers import OpenAIError, TEIError
 
 
 class ClientGone(FlotillaError):
@@ -71,5 +71,6 @@ TEI = ErrorShape(lambda exc: {"error": exc.message, "error_type": exc.code}, TEI
 
 
 def error_shape(path: str) -> ErrorShape:
-    """The OpenAI shape under /v1/, TEI's everywhere else (unknown routes included)."""
-    return OPENAI if path.startswith("/v1/") else TEI
+    """The OpenAI shape under /v1/ and /v2/ (Cohere's SDK reads it too), TEI's everywhere
+    else (unknown routes included)."""
+    return OPENAI if path.startswith(("/v1/", "/v2/")) else TEI

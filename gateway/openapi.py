@@ -26,6 +26,8 @@ BODY_ERRORS: dict[int, str] = {
     401: "--api-keys is set and the bearer token is missing or unknown.",
     404: "Unknown model, adapter or collection; the message lists the known ones.",
     408: "The body stopped arriving for --body-timeout-s; the connection closes.",
+    409: "The embedded store's collection is owned by another process, or holds another "
+    "model's vectors.",
     413: "Body over --max-body-bytes, more inputs than --max-inputs-per-request, or an "
     "input over the model's window without truncation.",
     422: "Malformed JSON, nesting deeper than 64 levels, a field of the wrong type, an "
@@ -48,22 +50,22 @@ class ApiDocs:
         """``openapi_extra`` and ``responses`` for the route at ``path``."""
         name = bodies.request.__name__
         self.models[name] = bodies.request
-        error = error_shape(path).model
+        body = {"schema": {"$ref": REF.format(model=name)}}
         return {
             "openapi_extra": {
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": {"$ref": REF.format(model=name)}}},
-                }
+                "requestBody": {"required": True, "content": {"application/json": body}}
             },
-            "responses": {
-                200: {"model": bodies.response, "description": "The answer."},
-                **{
-                    status: {"model": error, "description": why}
-                    for status, why in BODY_ERRORS.items()
-                },
-            },
+            **self.answers(path, bodies.response),
         }
+
+    @staticmethod
+    def answers(path: str, response: object) -> dict[str, Any]:
+        """``responses`` alone, for a route that takes no body: its 200 and its errors."""
+        error = error_shape(path).model
+        errors = {
+            status: {"model": error, "description": why} for status, why in BODY_ERRORS.items()
+        }
+        return {"responses": {200: {"model": response, "description": "The answer."}, **errors}}
 
     def install(self, app: FastAPI) -> None:
         """Make ``app`` serve a document whose components hold every routed model."""

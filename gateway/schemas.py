@@ -1,22 +1,25 @@
-"""The request and response bodies as the OpenAPI document describes them.
+"""The request bodies as the OpenAPI document describes them, and which route takes which.
 
 Documentation only: the handlers take the raw request and never validate with these
 (the gateway reads only the routing fields; the worker decodes the body with the msgspec
-structs of ``embedder.codecs``, which a test holds to the same fields). ``BODIES`` says
-which documents each API shape's route; ``gateway.openapi`` puts them in the document.
+structs of ``embedder.bodies``, which a test holds to the same fields). ``DOCUMENTED``
+says what each API shape's route takes and answers; ``gateway.openapi`` puts it in the
+document. What a route answers is in ``gateway.answers``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from embedder.jobs import ApiShape
+from gateway import answers
 
 Text = Annotated[str, Field(min_length=1)]  # nor only whitespace: a 422 names the input
 Texts = Annotated[list[Text], Field(min_length=1)]
+Positive = Annotated[int, Field(gt=0)]
 Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]  # what a payload index matches
 InputType = Literal["query", "search_query", "document", "passage", "search_document"]
 Direction = Literal["right", "left", "Right", "Left"]
@@ -27,22 +30,25 @@ _TRUNCATE = (
     "Cut inputs longer than the model's window (any length up to the body limit) instead "
     "of answering 413; unset: the server's --auto-truncate."
 )
+_TEXTS = "A text or a list of texts, none empty or only whitespace (422)."
 
 
 class _Body(BaseModel):
     # Unknown fields are ignored, as the reference servers do.
     model_config = ConfigDict(extra="allow")
 
-
-class OpenAIEmbeddingsRequest(_Body):
-    input: Text | Texts = Field(
-        description="A text or a list of texts, none empty or only whitespace (422).",
-    )
     model: str | None = Field(default=None, description=_MODEL)
     adapter: str | None = Field(default=None, description=_ADAPTER)
+
+
+# -- OpenAI, TEI, Cohere v1 -------------------------------------------------------------
+
+
+class OpenAIEmbeddingsRequest(_Body):
+    input: Text | Texts = Field(description=_TEXTS)
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(
-        default=None, gt=0, description="Keep the first N dimensions (Matryoshka), renormalized."
+    dimensions: Positive | None = Field(
+        default=None, description="Keep the first N dimensions (Matryoshka), renormalized."
     )
     user: str | None = None
     input_type: InputType | None = Field(
@@ -51,15 +57,11 @@ class OpenAIEmbeddingsRequest(_Body):
 
 
 class TEIEmbedRequest(_Body):
-    inputs: Text | Texts = Field(
-        description="A text or a list of texts, none empty or only whitespace (422).",
-    )
-    model: str | None = Field(default=None, description=_MODEL)
-    adapter: str | None = Field(default=None, description=_ADAPTER)
+    inputs: Text | Texts = Field(description=_TEXTS)
     normalize: bool = True
     truncate: bool | None = Field(default=None, description=_TRUNCATE)
     truncation_direction: Direction = "right"
-    dimensions: int | None = Field(default=None, gt=0)
+    dimensions: Positive | None = None
     prompt_name: str | None = Field(default=None, description="One of the model's prompts.")
     input_type: InputType | None = None
 
@@ -67,8 +69,6 @@ class TEIEmbedRequest(_Body):
 class TEIRerankRequest(_Body):
     query: Text
     texts: Texts
-    model: str | None = Field(default=None, description=_MODEL)
-    adapter: str | None = Field(default=None, description=_ADAPTER)
     truncate: bool | None = Field(default=None, description=_TRUNCATE)
     truncation_direction: Direction = "right"
     raw_scores: bool = Field(default=False, description="Logits instead of sigmoid scores.")
@@ -82,10 +82,84 @@ class CohereDocument(BaseModel):
 class CohereRerankRequest(_Body):
     query: Text
     documents: list[Text | CohereDocument] = Field(min_length=1)
-    model: str | None = Field(default=None, description=_MODEL)
-    adapter: str | None = Field(default=None, description=_ADAPTER)
-    top_n: int | None = Field(default=None, gt=0)
+    top_n: Positive | None = None
     return_documents: bool = False
+
+
+# -- TEI similarity, and TEI's root (an /embed body or a /similarity one) ----------------
+
+
+class SimilarityInput(BaseModel):
+    source_sentence: Text
+    sentences: Texts
+
+
+class SimilarityParameters(BaseModel):
+    truncate: bool | None = Field(default=None, description=_TRUNCATE)
+    truncation_direction: Direction = "right"
+    prompt_name: str | None = None
+
+
+class TEISimilarityRequest(_Body):
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+
+
+class TEIRootRequest(TEIEmbedRequest):
+    inputs: Text | Texts | SimilarityInput = Field(  # type: ignore[assignment]
+        description=_TEXTS + " Or {source_sentence, sentences}: their cosines, as /similarity."
+    )
+    parameters: SimilarityParameters | None = None
+
+
+# -- Cohere v2 ---------------------------------------------------------------------------
+
+
+class TextContent(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ImageUrlContent(BaseModel):
+    type: Literal["image_url"]
+    image_url: dict[str, str] | str | None = None
+
+
+class CohereInput(BaseModel):
+    content: list[Annotated[TextContent | ImageUrlContent, Field(discriminator="type")]]
+
+
+class CohereEmbedV2Request(_Body):
+    texts: Texts | None = Field(default=None, description="Either texts or inputs.")
+    inputs: Annotated[list[CohereInput], Field(min_length=1)] | None = Field(
+        default=None, description="Texts as content parts; image parts are refused (422)."
+    )
+    images: list[str] | None = Field(default=None, description="Refused: the fleet embeds text.")
+    input_type: (
+        Literal["search_query", "search_document", "classification", "clustering"] | None
+    ) = None
+    embedding_types: (
+        Annotated[
+            list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]],
+            Field(min_length=1),
+        ]
+        | None
+    ) = None
+    truncate: Literal["NONE", "START", "END"] = "END"
+    output_dimension: Positive | None = None
+    max_tokens: Positive | None = Field(
+        default=None, description="Per input; below the model's window it is refused (422)."
+    )
+
+
+class CohereRerankV2Request(_Body):
+    query: Text
+    documents: Texts
+    top_n: Positive | None = None
+    max_tokens_per_doc: Positive | None = None
+
+
+# -- collections -------------------------------------------------------------------------
 
 
 class SearchRequest(BaseModel):
@@ -99,88 +173,27 @@ class SearchRequest(BaseModel):
     )
 
 
-# -- responses ---------------------------------------------------------------------
+class DocumentIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
 
-
-class Embedding(BaseModel):
-    object: Literal["embedding"]
-    index: int
-    embedding: list[float] | str = Field(description="Floats, or base64 little-endian float32.")
-
-
-class OpenAIUsage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class OpenAIEmbeddingsResponse(BaseModel):
-    object: Literal["list"]
-    data: list[Embedding]
-    model: str
-    usage: OpenAIUsage
-
-
-class TEIRank(BaseModel):
-    index: int
-    score: float
-    text: str | None = None
-
-
-class CohereResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: CohereDocument | None = None
-
-
-class CohereUsage(BaseModel):
-    total_tokens: int
-
-
-class CohereRerankResponse(BaseModel):
     id: str
-    model: str
-    results: list[CohereResult]
-    usage: CohereUsage
+    text: str
+    metadata: dict[str, Any] | None = None
 
 
-class SearchHit(BaseModel):
-    id: str
-    score: float
-    payload: dict[str, object] | None
+class DocumentsUpsert(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Anything is taken per document: one that breaks the record contract fails alone,
+    # in the answer, and the rest are stored.
+    documents: list[DocumentIn | Any] = Field(min_length=1)
+    model: str | None = Field(default=None, description=_MODEL)
 
 
-class SearchUsage(BaseModel):
-    prompt_tokens: int
+class DocumentsDelete(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
-
-class SearchResponse(BaseModel):
-    collection: str
-    model: str
-    results: list[SearchHit]
-    usage: SearchUsage
-
-
-class Readiness(BaseModel):
-    status: Literal["ready", "not_ready"]
-    models: dict[str, Literal["loading", "ready", "failed"]]
-
-
-# -- errors, in each route's shape (gateway.errors.error_shape picks one) --------------
-
-
-class OpenAIErrorDetail(BaseModel):
-    message: str = Field(description="What went wrong and which setting or field changes it.")
-    type: str = Field(description="The error's class, e.g. invalid_request, overloaded.")
-    code: int = Field(description="The HTTP status.")
-
-
-class OpenAIError(BaseModel):
-    error: OpenAIErrorDetail
-
-
-class TEIError(BaseModel):
-    error: str = Field(description="What went wrong and which setting or field changes it.")
-    error_type: str = Field(description="The error's class, e.g. invalid_request, overloaded.")
+    ids: list[str] = Field(min_length=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,10 +206,16 @@ class Bodies:
 
 # Each API shape's bodies. A route of a new shape adds its entry here and in
 # gateway.app.ROUTES; gateway.openapi documents it from this.
-BODIES: dict[ApiShape, Bodies] = {
-    ApiShape.OPENAI_EMBEDDINGS: Bodies(OpenAIEmbeddingsRequest, OpenAIEmbeddingsResponse),
+DOCUMENTED: dict[ApiShape, Bodies] = {
+    ApiShape.OPENAI_EMBEDDINGS: Bodies(OpenAIEmbeddingsRequest, answers.OpenAIEmbeddingsResponse),
     ApiShape.TEI_EMBED: Bodies(TEIEmbedRequest, list[list[float]]),
-    ApiShape.TEI_RERANK: Bodies(TEIRerankRequest, list[TEIRank]),
-    ApiShape.COHERE_RERANK: Bodies(CohereRerankRequest, CohereRerankResponse),
+    ApiShape.TEI_ROOT: Bodies(TEIRootRequest, list[list[float]] | list[float]),
+    ApiShape.TEI_SIMILARITY: Bodies(TEISimilarityRequest, list[float]),
+    ApiShape.TEI_RERANK: Bodies(TEIRerankRequest, list[answers.TEIRank]),
+    ApiShape.COHERE_RERANK: Bodies(CohereRerankRequest, answers.CohereRerankResponse),
+    ApiShape.COHERE_EMBED_V2: Bodies(CohereEmbedV2Request, answers.CohereEmbedV2Response),
+    ApiShape.COHERE_RERANK_V2: Bodies(CohereRerankV2Request, answers.CohereRerankV2Response),
 }
-SEARCH = Bodies(SearchRequest, SearchResponse)
+SEARCH = Bodies(SearchRequest, answers.SearchResponse)
+UPSERT = Bodies(DocumentsUpsert, answers.DocumentsUpserted)
+DELETE = Bodies(DocumentsDelete, answers.DocumentsDeleted)

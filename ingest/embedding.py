@@ -1,25 +1,31 @@
 """Ingest embeds through the same work queue and workers as online requests.
 
-Each document becomes one RAW_VECTORS job with a long deadline: the worker's
-earliest-deadline-first batching serves online requests (short deadlines)
-first and fills the rest of each batch with documents. One job per document
-keeps a bad document's error (too long, say) its own.
+Each document (or passage of one) becomes one RAW_VECTORS job with a long deadline:
+the worker's earliest-deadline-first batching serves online requests (short
+deadlines) first and fills the rest of each batch with documents. One job per
+passage keeps a bad one's error its own.
+
+``model_windows`` tells the chunking (``ingest.chunking``) how each loaded model counts
+a document: with the model's own tokenizer and document prompt.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
 
 from embedder.codecs import decode_raw_vectors, raw_vectors_body
 from embedder.errors import FlotillaError
+from embedder.execute import LoadedModel
 from embedder.fleet import PromptUse
 from embedder.jobs import ApiShape, EmbedJob, split_model
 from embedder.queue import WorkQueue
+from embedder.runtimes import Runtime
+from ingest.chunking import TokenWindow
 
 Embedding = NDArray[np.float32] | FlotillaError
 
@@ -71,3 +77,49 @@ class QueueEmbedder:
             else:
                 out.append(decode_raw_vectors(result.body, 1)[0])
         return out
+
+
+def token_window(runtime: Runtime, prefix: str) -> TokenWindow:
+    """The window of a loaded model whose documents get ``prefix`` (its document prompt).
+
+    A runtime with a Hugging Face fast tokenizer is counted with a private copy of it:
+    the worker's thread sets truncation on the shared one for over-long inputs, and a
+    call from another thread meanwhile fails ("Already borrowed"). The copy counts
+    what the worker's ``tokenize`` counts: the same tokenizer over prompt + text, with
+    special tokens. Other runtimes (the test fakes) are counted through ``tokenize``.
+    """
+    backend = getattr(getattr(runtime, "tokenizer", None), "backend_tokenizer", None)
+    if backend is not None:
+        from tokenizers import Tokenizer
+
+        private = Tokenizer.from_str(backend.to_str())
+        private.no_truncation()
+        private.no_padding()
+
+        def count(text: str) -> int:
+            return len(private.encode(prefix + text, add_special_tokens=True))
+
+    else:
+
+        def count(text: str) -> int:
+            return runtime.tokenize([text], "right", prefix).full_lengths[0]
+
+    return TokenWindow(max_tokens=runtime.info.max_tokens, count=count)
+
+
+def model_windows(loaded: dict[str, LoadedModel]) -> Callable[[str], TokenWindow | None]:
+    """Windows of the models in ``loaded`` (a ModelHost's, filled as models load) by name;
+    ``model:adapter`` counts as its base model. None for a model not loaded."""
+    windows: dict[str, TokenWindow] = {}
+
+    def window(model: str) -> TokenWindow | None:
+        base, _ = split_model(model)
+        if base not in windows:
+            found = loaded.get(base)
+            if found is None:
+                return None
+            prefix = found.spec.prompt_prefix(use="document")
+            windows[base] = token_window(found.runtime, prefix)
+        return windows[base]
+
+    return window

@@ -2,10 +2,17 @@
 in, the store written and every poison dead-lettered, or an exception and nothing
 acknowledged.
 
-Order within a chunk: parse -> embed -> check collections -> dead-letter the poison
--> write the last operation per document -> (the caller commits). Because point ids
-derive from (collection, document id), a chunk that is processed twice (a crash
-before its commit) writes the same points again: nothing is duplicated.
+Order within a chunk: parse -> split into passages -> embed -> check collections ->
+dead-letter the poison -> write the last operation per document -> (the caller
+commits). Because point ids derive from (collection, document id, passage index), a
+chunk that is processed twice (a crash before its commit) writes the same points
+again: nothing is duplicated.
+
+**Replacing a document** writes its passages 0..n-1 (overwriting the same ids), then
+deletes its points with ``chunk_index >= n``: what is left of a longer earlier version.
+A crash between the two steps leaves the chunk uncommitted; its redelivery does both
+again, so the store converges. A tombstone deletes every point of its document (by
+``doc_id``). Neither step ever leaves a document without its points while it has some.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from embedder.errors import FlotillaError
+from embedder.errors import FlotillaError, LimitExceeded
+from ingest.chunking import Chunking, Passage
 from ingest.embedding import QueueEmbedder
 from ingest.records import (
     Delete,
@@ -32,16 +40,21 @@ from ingest.records import (
     parse_record,
 )
 from ingest.store import (
+    AtLeast,
     CollectionModelMismatch,
     CollectionNotFound,
     Distance,
     Point,
     VectorStore,
-    point_id,
+    chunk_point_id,
 )
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+# Points per store call: a long document's passages can make a chunk of records many
+# points, and the embedded engine holds the GIL for the whole of one call.
+UPSERT_BATCH_POINTS = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +67,8 @@ class RawRecord:
 
 @dataclass(slots=True)
 class ChunkReport:
-    upserted: int = 0
+    upserted: int = 0  # documents
+    passages: int = 0  # their points
     deleted: int = 0
     dead_lettered: int = 0
     tokens: int = 0
@@ -88,6 +102,9 @@ class Backoff:
 
 
 class IngestCore:
+    """``chunking`` splits documents over their model's window into passages (see
+    ``ingest.chunking``); without it every document goes whole, as one point."""
+
     def __init__(
         self,
         embedder: QueueEmbedder,
@@ -96,12 +113,14 @@ class IngestCore:
         *,
         backoff: Backoff | None = None,
         distance: Distance = "cosine",
+        chunking: Chunking | None = None,
     ) -> None:
         self.embedder = embedder
         self.store = store
         self.rules = rules
         self.backoff = backoff or Backoff()
         self.distance = distance
+        self.chunking = chunking
         self._collections: dict[str, tuple[str, int]] = {}  # name -> (model, dimension) checked
 
     async def process(self, records: Sequence[RawRecord], dead_letter: DeadLetter) -> ChunkReport:
@@ -112,7 +131,10 @@ class IngestCore:
             (by_source[p.source], p.reason) for p in parsed if isinstance(p, Poison)
         ]
         upserts = [p for p in parsed if isinstance(p, Upsert)]
-        vectors = await self._embed(upserts, poisons, by_source)
+        passages = await asyncio.to_thread(self._split, upserts, poisons, by_source)
+        vectors = await self._embed(
+            [u for u in upserts if u.source in passages], passages, poisons, by_source
+        )
         operations: list[Operation] = []
         for op in parsed:
             if isinstance(op, Delete) or (isinstance(op, Upsert) and op.source in vectors):
@@ -125,48 +147,84 @@ class IngestCore:
             await dead_letter(poisons)
             report.dead_lettered = len(poisons)
             report.poisons = poisons
-        await self._write(live_upserts, deletes, vectors)
+        await self._write(live_upserts, deletes, passages, vectors)
         report.upserted = len(live_upserts)
+        report.passages = sum(len(passages[op.source]) for op in live_upserts)
         report.deleted = len(deletes)
         return report
 
-    async def _embed(
+    def _split(
         self,
         upserts: list[Upsert],
         poisons: list[tuple[RawRecord, str]],
         by_source: dict[SourceRef, RawRecord],
-    ) -> dict[SourceRef, list[float]]:
-        vectors: dict[SourceRef, list[float]] = {}
-        pending = upserts
+    ) -> dict[SourceRef, list[Passage]]:
+        """Each document's passages (in a thread: tokenizing long texts takes a while)."""
+        out: dict[SourceRef, list[Passage]] = {}
+        for op in upserts:
+            if self.chunking is None:
+                out[op.source] = [Passage(0, 0, len(op.text), op.text)]
+                continue
+            try:
+                out[op.source] = self.chunking.split(op.model, op.text)
+            except ValueError as exc:  # passage settings that leave a model no room
+                poisons.append((by_source[op.source], f"cannot split the document: {exc}"))
+        return out
+
+    async def _embed(
+        self,
+        upserts: list[Upsert],
+        passages: dict[SourceRef, list[Passage]],
+        poisons: list[tuple[RawRecord, str]],
+        by_source: dict[SourceRef, RawRecord],
+    ) -> dict[SourceRef, list[list[float]]]:
+        """Every passage's vector, by document; a document with a passage that cannot be
+        embedded is dead-lettered whole, with the first such passage's reason."""
+        got: dict[SourceRef, list[list[float] | None]] = {
+            u.source: [None] * len(passages[u.source]) for u in upserts
+        }
+        pending = [(u, p) for u in upserts for p in passages[u.source]]
+        failed: set[SourceRef] = set()
         attempt = 0
         while pending:
-            results = await self.embedder.embed([(u.model, u.text) for u in pending])
-            retry: list[Upsert] = []
-            for upsert, result in zip(pending, results, strict=True):
+            results = await self.embedder.embed([(u.model, p.text) for u, p in pending])
+            retry: list[tuple[Upsert, Passage]] = []
+            for (upsert, passage), result in zip(pending, results, strict=True):
+                if upsert.source in failed:
+                    continue
                 if not isinstance(result, FlotillaError):
-                    vectors[upsert.source] = result.tolist()
+                    got[upsert.source][passage.index] = result.tolist()
                 elif result.retriable and attempt < 3:
-                    retry.append(upsert)
+                    retry.append((upsert, passage))
                 else:
-                    reason = f"embedding failed: {result.message}"
-                    poisons.append((by_source[upsert.source], reason))
-            pending = retry
+                    failed.add(upsert.source)
+                    poisons.append((by_source[upsert.source], self._reason(upsert, result)))
+            pending = [(u, p) for u, p in retry if u.source not in failed]
             attempt += 1
             if pending:
                 await asyncio.sleep(0.5 * attempt)
-        return vectors
+        return {
+            source: [v for v in vectors if v is not None]
+            for source, vectors in got.items()
+            if source not in failed
+        }
+
+    def _reason(self, upsert: Upsert, error: FlotillaError) -> str:
+        if isinstance(error, LimitExceeded) and self.chunking is not None:
+            return self.chunking.too_long(upsert.model, upsert.text)
+        return f"embedding failed: {error.message}"
 
     async def _check_collections(
         self,
         upserts: list[Upsert],
-        vectors: dict[SourceRef, list[float]],
+        vectors: dict[SourceRef, list[list[float]]],
         poisons: list[tuple[RawRecord, str]],
         by_source: dict[SourceRef, RawRecord],
     ) -> list[Upsert]:
         kept: list[Upsert] = []
         refused: dict[str, str] = {}
         for op in upserts:
-            dimension = len(vectors[op.source])
+            dimension = len(vectors[op.source][0])
             if self._collections.get(op.collection) != (op.model, dimension):
                 if op.collection not in refused:
                     try:
@@ -188,45 +246,72 @@ class IngestCore:
         return kept
 
     async def _write(
-        self, upserts: list[Upsert], deletes: list[Delete], vectors: dict[SourceRef, list[float]]
+        self,
+        upserts: list[Upsert],
+        deletes: list[Delete],
+        passages: dict[SourceRef, list[Passage]],
+        vectors: dict[SourceRef, list[list[float]]],
     ) -> None:
         by_collection: dict[str, list[Point]] = {}
+        # Per collection, the documents by their new passage count: one delete of what
+        # lies past that count serves all of them.
+        counts: dict[str, dict[int, list[str]]] = {}
         for op in upserts:
-            by_collection.setdefault(op.collection, []).append(
+            parts = passages[op.source]
+            by_collection.setdefault(op.collection, []).extend(
                 Point(
-                    id=point_id(op.collection, op.doc_id),
-                    vector=vectors[op.source],
-                    payload={
-                        "doc_id": op.doc_id,
-                        "text": op.text,
-                        "metadata": op.metadata,
-                        "model": op.model,
-                        "source": {
-                            "topic": op.source.topic,
-                            "partition": op.source.partition,
-                            "offset": op.source.offset,
-                        },
-                    },
+                    id=chunk_point_id(op.collection, op.doc_id, part.index),
+                    vector=vector,
+                    payload=_payload(op, part, len(parts)),
                 )
+                for part, vector in zip(parts, vectors[op.source], strict=True)
             )
+            counts.setdefault(op.collection, {}).setdefault(len(parts), []).append(op.doc_id)
         for collection, points in by_collection.items():
-            await self.backoff.run(
-                f"upserting {len(points)} points into {collection}",
-                self.store.upsert,
-                collection,
-                points,
-            )
+            for start in range(0, len(points), UPSERT_BATCH_POINTS):
+                batch = points[start : start + UPSERT_BATCH_POINTS]
+                await self.backoff.run(
+                    f"upserting {len(batch)} points into {collection}",
+                    self.store.upsert,
+                    collection,
+                    batch,
+                )
+        for collection, by_count in counts.items():
+            for count, doc_ids in by_count.items():
+                await self.backoff.run(
+                    f"deleting stale passages of {len(doc_ids)} documents from {collection}",
+                    self.store.delete_matching,
+                    collection,
+                    {"doc_id": doc_ids, "chunk_index": AtLeast(count)},
+                )
         deletes_by_collection: dict[str, list[str]] = {}
         for gone in deletes:
-            deletes_by_collection.setdefault(gone.collection, []).append(
-                point_id(gone.collection, gone.doc_id)
-            )
-        for collection, ids in deletes_by_collection.items():
+            deletes_by_collection.setdefault(gone.collection, []).append(gone.doc_id)
+        for collection, doc_ids in deletes_by_collection.items():
             # A collection never written to has nothing to delete.
             with contextlib.suppress(CollectionNotFound):
                 await self.backoff.run(
-                    f"deleting {len(ids)} points from {collection}",
-                    self.store.delete,
+                    f"deleting {len(doc_ids)} documents from {collection}",
+                    self.store.delete_matching,
                     collection,
-                    ids,
+                    {"doc_id": doc_ids},
                 )
+
+
+def _payload(op: Upsert, part: Passage, count: int) -> dict[str, Any]:
+    """A passage's payload: the document's own fields and which part of it this is."""
+    return {
+        "doc_id": op.doc_id,
+        "text": part.text,
+        "chunk_index": part.index,
+        "chunk_count": count,
+        "char_start": part.start,
+        "char_end": part.end,
+        "metadata": op.metadata,
+        "model": op.model,
+        "source": {
+            "topic": op.source.topic,
+            "partition": op.source.partition,
+            "offset": op.source.offset,
+        },
+    }

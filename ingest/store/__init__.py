@@ -26,6 +26,7 @@ from typing import Any
 from ingest.store.contract import (
     DISTANCES,
     POINT_ID_NAMESPACE,
+    AtLeast,
     CollectionSpec,
     Distance,
     Hit,
@@ -34,6 +35,7 @@ from ingest.store.contract import (
     Point,
     VectorLike,
     VectorStore,
+    chunk_point_id,
     point_id,
 )
 from ingest.store.errors import (
@@ -49,6 +51,7 @@ __all__ = [
     "DISTANCES",
     "POINT_ID_NAMESPACE",
     "STORES",
+    "AtLeast",
     "CollectionModelMismatch",
     "CollectionNotFound",
     "CollectionSpec",
@@ -63,6 +66,7 @@ __all__ = [
     "StoreUnavailable",
     "VectorLike",
     "VectorStore",
+    "chunk_point_id",
     "open_store",
     "point_id",
 ]

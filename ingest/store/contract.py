@@ -14,15 +14,19 @@ loop's code simple but does not let Python run beside a long call: keep upsert b
 and search limits modest (a 256-point upsert of 384-d vectors takes a few ms).
 
 **Ids** are UUID strings; ``point_id(collection, document_id)`` derives them, so a
-redelivered document overwrites its point instead of duplicating it.
+redelivered document overwrites its point instead of duplicating it, and
+``chunk_point_id(collection, document_id, index)`` those of a document's passages.
 
 **Filters** are a flat map, every entry ANDed::
 
-    {"metadata.lang": "de", "source": ["bgb", "hgb"]}
+    {"metadata.lang": "de", "source": ["bgb", "hgb"], "chunk_index": AtLeast(2)}
 
 A key is a dotted payload path; a value is a ``str``, ``int`` or ``bool`` to match
-exactly (an array field matches if any element does) or a non-empty list of ``str``
-or of ``int`` to match any of. Floats, ranges and negation are deliberately absent.
+exactly (an array field matches if any element does), a non-empty list of ``str``
+or of ``int`` to match any of, or ``AtLeast(n)`` for a number at least ``n`` (what
+dropping a document's passages past its new count needs). Floats, other ranges and
+negation are deliberately absent. ``search`` and ``delete_matching`` take the same
+filters.
 
 **Scores** are the engine's own, best first: similarity for ``cosine`` and ``dot``
 (higher is nearer), distance for ``euclid`` and ``manhattan`` (lower is nearer). With
@@ -59,17 +63,37 @@ DISTANCES: tuple[Distance, ...] = get_args(Distance)
 
 VectorLike: TypeAlias = Sequence[float] | npt.NDArray[np.floating[Any]]
 MatchValue: TypeAlias = str | int | bool
-PayloadFilter: TypeAlias = Mapping[str, MatchValue | Sequence[str] | Sequence[int]]
-# A checked filter: (payload path, exact value or list of alternatives), all ANDed.
-Condition: TypeAlias = tuple[str, MatchValue | list[str] | list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class AtLeast:
+    """A filter value: the payload field is a number at least ``value``."""
+
+    value: int
+
+
+PayloadFilter: TypeAlias = Mapping[str, MatchValue | Sequence[str] | Sequence[int] | AtLeast]
+# A checked filter: (payload path, exact value, list of alternatives or lower bound), ANDed.
+Condition: TypeAlias = tuple[str, MatchValue | list[str] | list[int] | AtLeast]
 
 # Qdrant's own rule for collection names is looser; this one is also a safe directory name.
 _COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")
 
 
 def point_id(collection: str, document_id: str) -> str:
-    """The deterministic point id of a document (or chunk id) in a collection."""
+    """The deterministic point id of a document in a collection."""
     return str(uuid.uuid5(POINT_ID_NAMESPACE, f"{collection}/{document_id}"))
+
+
+def chunk_point_id(collection: str, document_id: str, index: int) -> str:
+    """The point id of passage ``index`` of a document. Passage 0 keeps the document's
+    own ``point_id``, so a document stored whole (before it was split, or because it
+    fits) is replaced by its first passage, not duplicated; the others derive from
+    that id as a namespace, which no document's own id can collide with."""
+    own = point_id(collection, document_id)
+    if index == 0:
+        return own
+    return str(uuid.uuid5(uuid.UUID(own), str(index)))
 
 
 def _canonical_id(value: str) -> str:
@@ -121,6 +145,11 @@ class VectorStore(Protocol):
 
     async def delete(self, collection: str, ids: Sequence[str]) -> None:
         """Delete points by id; ids that are not there are ignored."""
+        ...
+
+    async def delete_matching(self, collection: str, filter: PayloadFilter) -> None:
+        """Delete every point whose payload matches ``filter`` (as ``search`` filters);
+        none matching is no error. An empty filter is refused: it would match all."""
         ...
 
     async def search(
@@ -257,6 +286,11 @@ def check_filter(filter: PayloadFilter | None) -> list[Condition]:
                 )
         if isinstance(value, str | bool | int):
             conditions.append((key, value))
+        elif isinstance(value, AtLeast):
+            bound = value.value
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise InvalidStoreRequest(f"filter {key!r}: AtLeast needs an int, got {bound!r}")
+            conditions.append((key, value))
         elif isinstance(value, list | tuple) and value:
             if all(isinstance(v, str) for v in value):
                 conditions.append((key, [str(v) for v in value]))
@@ -267,8 +301,18 @@ def check_filter(filter: PayloadFilter | None) -> list[Condition]:
         else:
             raise InvalidStoreRequest(
                 f"filter {key!r}: {value!r} ({type(value).__name__}) is not matchable;"
-                " use a str, int, bool or a non-empty list of str or of int"
+                " use a str, int, bool, AtLeast(int) or a non-empty list of str or of int"
             )
+    return conditions
+
+
+def check_delete_filter(filter: PayloadFilter) -> list[Condition]:
+    """A filter that selects points to delete: checked, and never empty."""
+    conditions = check_filter(filter)
+    if not conditions:
+        raise InvalidStoreRequest(
+            "delete_matching needs a non-empty filter: an empty one would delete every point"
+        )
     return conditions
 
 

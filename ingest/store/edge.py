@@ -8,9 +8,12 @@ Layout under the data directory, one shard per collection::
     <data_dir>/<collection>/shard/            the EdgeShard: WAL + segments
 
 **One process owns a shard.** The engine locks a shard's WAL while it is open; a second
-``EdgeStore`` on the same directory, in this process or another, gets ``ShardLocked``
-(retriable, so a restarting pipeline can wait for its predecessor to exit). Run one
-ingest process per data directory; share the data through a Qdrant server instead.
+``EdgeStore`` on the same directory, in this process or another, waits ``lock_wait_s``
+(1 s: a predecessor releases its lock as it exits, at once when killed) and
+then gets ``ShardLocked``, not retriable: the owner keeps the shard while it runs. The
+owner writes ``owner.json`` beside the shard (pid, command line, and the URL it serves,
+if it does), so the error names who owns it and the ways in that work: the owner's
+documents route, its own Kafka ingest, or a Qdrant server shared by every process.
 
 **Durability.** ``upsert`` and ``delete`` return once the operation is in the shard's
 WAL: a process killed with SIGKILL right after keeps every acknowledged point (tested).
@@ -33,6 +36,7 @@ import contextlib
 import functools
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +50,7 @@ import qdrant_edge as qe
 from embedder.lifecycle import Closable
 from ingest.store.contract import (
     DISTANCES,
+    AtLeast,
     CollectionSpec,
     Condition,
     Distance,
@@ -56,6 +61,7 @@ from ingest.store.contract import (
     as_hits,
     as_vector,
     check_collection_name,
+    check_delete_filter,
     check_filter,
     check_ids,
     check_limit,
@@ -73,9 +79,11 @@ from ingest.store.errors import (
     StoreError,
     classified,
 )
+from ingest.store.owner import owned_message, read_owner, write_owner
 
 SIDECAR = "collection.json"
 SHARD_DIR = "shard"
+LOCK_POLL_S = 0.1
 
 _DISTANCE: dict[Distance, qe.Distance] = {
     "cosine": qe.Distance.Cosine,
@@ -90,8 +98,18 @@ T = TypeVar("T")
 class EdgeStore(Closable):
     """A ``VectorStore`` on qdrant-edge shards under ``data_dir`` (see the module doc)."""
 
-    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        serving_url: str | None = None,
+        lock_wait_s: float = 1.0,
+    ) -> None:
+        """``serving_url``: where this process takes documents for its collections (a
+        server's base URL), named to any other process that tries to open them."""
         self._root = Path(data_dir)
+        self._serving_url = serving_url
+        self._lock_wait_s = lock_wait_s
         self._root.mkdir(parents=True, exist_ok=True)
         self._shards: dict[str, tuple[qe.EdgeShard, CollectionSpec]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-store")
@@ -107,6 +125,11 @@ class EdgeStore(Closable):
 
     async def delete(self, collection: str, ids: Sequence[str]) -> None:
         await self._run(self._delete, check_collection_name(collection), check_ids(ids))
+
+    async def delete_matching(self, collection: str, filter: PayloadFilter) -> None:
+        await self._run(
+            self._delete_matching, check_collection_name(collection), check_delete_filter(filter)
+        )
 
     async def search(
         self,
@@ -142,9 +165,18 @@ class EdgeStore(Closable):
             self._executor.shutdown(wait=False)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn`` on the worker thread; a shard found locked is tried again for
+        ``lock_wait_s``, waiting here, so the thread serves other collections meanwhile."""
         check_open(self)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        deadline = time.monotonic() + self._lock_wait_s
+        while True:
+            try:
+                return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+            except ShardLocked:
+                if time.monotonic() + LOCK_POLL_S > deadline:
+                    raise
+                await asyncio.sleep(LOCK_POLL_S)
 
     # --- everything below runs on the worker thread, one call at a time ---
 
@@ -168,19 +200,24 @@ class EdgeStore(Closable):
         return opened[1]
 
     def _open(self, spec: CollectionSpec) -> tuple[qe.EdgeShard, CollectionSpec]:
-        path = self._root / spec.name / SHARD_DIR
+        try:
+            shard = self._load_or_create(self._root / spec.name / SHARD_DIR, spec)
+        except ShardLocked as exc:
+            owner = read_owner(self._root / spec.name)
+            raise ShardLocked(owned_message(spec.name, self._root, owner)) from exc
+        self._shards[spec.name] = (shard, spec)
+        write_owner(self._root / spec.name, self._serving_url)
+        return shard, spec
+
+    @staticmethod
+    def _load_or_create(path: Path, spec: CollectionSpec) -> qe.EdgeShard:
         with classified(_classify, spec.name):
             if path.exists():
-                shard = qe.EdgeShard.load(str(path))
-            else:
-                config = qe.EdgeConfig(
-                    vectors=qe.EdgeVectorParams(
-                        size=spec.dimension, distance=_DISTANCE[spec.distance]
-                    )
-                )
-                shard = qe.EdgeShard.create(str(path), config)
-        self._shards[spec.name] = (shard, spec)
-        return shard, spec
+                return qe.EdgeShard.load(str(path))
+            config = qe.EdgeConfig(
+                vectors=qe.EdgeVectorParams(size=spec.dimension, distance=_DISTANCE[spec.distance])
+            )
+            return qe.EdgeShard.create(str(path), config)
 
     def _shard(self, collection: str) -> tuple[qe.EdgeShard, CollectionSpec]:
         """The open shard, loading an existing collection on first use."""
@@ -209,6 +246,13 @@ class EdgeStore(Closable):
             return
         with classified(_classify, collection):
             shard.update(qe.UpdateOperation.delete_points(list(ids)))
+
+    def _delete_matching(self, collection: str, conditions: list[Condition]) -> None:
+        shard, _ = self._shard(collection)
+        selected = _to_filter(conditions)
+        assert selected is not None  # check_delete_filter refuses an empty filter
+        with classified(_classify, collection):
+            shard.update(qe.UpdateOperation.delete_points_by_filter(selected))
 
     def _search(
         self, collection: str, vector: VectorLike, limit: int, conditions: list[Condition]
@@ -259,6 +303,9 @@ def _to_filter(conditions: list[Condition]) -> qe.Filter | None:
         return None
     must: list[qe.FieldCondition | qe.Filter] = []
     for key, value in conditions:
+        if isinstance(value, AtLeast):
+            must.append(qe.FieldCondition(key=key, range=qe.RangeFloat(gte=float(value.value))))
+            continue
         match: qe.MatchAny | qe.MatchValue
         if isinstance(value, list):
             match = qe.MatchAny(value)
@@ -311,10 +358,7 @@ def _classify(exc: Exception, collection: str) -> StoreError:
     """qdrant-edge raises bare ``Exception``s; sort them by what they say."""
     message = str(exc)
     if "WouldBlock" in message:
-        return ShardLocked(
-            f"collection {collection!r} is open in another process or store;"
-            " one process owns a shard"
-        )
+        return ShardLocked(f"collection {collection!r} is open in another process or store")
     if isinstance(exc, TypeError | ValueError) or "dimension error" in message:
         return InvalidStoreRequest(f"collection {collection!r}: {message}")
     return StoreError(f"qdrant-edge failed on collection {collection!r}: {message}")

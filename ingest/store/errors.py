@@ -34,13 +34,15 @@ class StoreUnavailable(StoreError):
         self.retry_after_s = retry_after_s
 
 
-class ShardLocked(StoreUnavailable):
-    """An embedded shard is open in another process (or another store in this one).
+class ShardLocked(StoreError):
+    """An embedded collection is owned by another process (or another store in this one).
 
-    Retriable because a restarting pipeline's predecessor may still be exiting; a
-    second process pointed at the same data directory will never get it.
+    Not retriable: the owner keeps it for as long as it runs. The store itself waits a
+    moment for a predecessor that is still exiting (``EdgeStore``'s ``lock_wait_s``);
+    past that the message names the ways in that work while the owner runs.
     """
 
+    http_status = 409
     code = "shard_locked"
 
 

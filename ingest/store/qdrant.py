@@ -26,6 +26,7 @@ from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedR
 
 from embedder.lifecycle import Closable
 from ingest.store.contract import (
+    AtLeast,
     CollectionSpec,
     Condition,
     Distance,
@@ -36,6 +37,7 @@ from ingest.store.contract import (
     as_hits,
     as_vector,
     check_collection_name,
+    check_delete_filter,
     check_filter,
     check_ids,
     check_limit,
@@ -148,6 +150,15 @@ class QdrantStore(Closable):
                 collection, points_selector=models.PointIdsList(points=list(wanted)), wait=True
             )
 
+    async def delete_matching(self, collection: str, filter: PayloadFilter) -> None:
+        await self._spec(collection)
+        selected = _to_filter(check_delete_filter(filter))
+        assert selected is not None  # check_delete_filter refuses an empty filter
+        with classified(_classify, collection):
+            await self._client.delete(
+                collection, points_selector=models.FilterSelector(filter=selected), wait=True
+            )
+
     async def search(
         self,
         collection: str,
@@ -233,6 +244,9 @@ def _to_filter(conditions: list[Condition]) -> models.Filter | None:
         return None
     must: list[models.Condition] = []
     for key, value in conditions:
+        if isinstance(value, AtLeast):
+            must.append(models.FieldCondition(key=key, range=models.Range(gte=value.value)))
+            continue
         match: models.MatchValue | models.MatchAny = (
             models.MatchAny(any=value)
             if isinstance(value, list)

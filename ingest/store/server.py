@@ -14,14 +14,15 @@ Nothing in flotilla's serving or ingest path starts it; ``open_store`` does not 
 The tests start it through ``tests/ingest/store/server_fixture.py``.
 
 **It is NOT a Qdrant replacement.** No auth, no TLS, no gRPC, no snapshots, no HNSW, no
-named vectors, no payload indexes, no deletes by filter; filters are ``must`` lists of
-``match`` conditions only. Anything else is refused (422), never silently ignored.
+named vectors, no payload indexes; filters are ``must`` lists of ``match`` conditions
+and ``range`` conditions with ``gte`` only. Anything else is refused (422), never silently ignored.
 Bind it to loopback; production uses a real Qdrant server.
 
 Endpoints: ``GET /`` (version: qdrant-client warns unless the server's major.minor is
 within one minor of its own), ``GET /healthz``, ``GET /collections/{c}/exists``,
 ``GET|PUT /collections/{c}``, and under ``/collections/{c}/points``: ``PUT`` (upsert),
-``POST`` (retrieve), ``POST .../delete``, ``POST .../query``, ``POST .../count``.
+``POST`` (retrieve), ``POST .../delete`` (by ids or by filter), ``POST .../query``,
+``POST .../count``.
 
 **The model guard** holds through the facade: a collection is created with its model
 in ``metadata.flotilla_model`` (kept in the EdgeStore's sidecar and read back by
@@ -51,7 +52,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ingest.store.contract import Distance, MatchValue, PayloadFilter, Point
+from ingest.store.contract import AtLeast, Distance, MatchValue, PayloadFilter, Point
 from ingest.store.edge import EdgeStore
 from ingest.store.errors import CollectionNotFound, InvalidStoreRequest, StoreError
 
@@ -112,10 +113,6 @@ class UpsertPoints(_Body):
     points: list[PointStruct] | None = None
 
 
-class PointIdsList(_Body):
-    points: list[str]
-
-
 class PointRequest(_Body):
     ids: list[str]
     with_payload: bool = True
@@ -127,9 +124,19 @@ class Match(_Body):
     any: list[str] | list[int] | None = None
 
 
+class Range(_Body):
+    """Only a lower bound: what the store's ``AtLeast`` sends."""
+
+    gte: float
+    gt: None = None
+    lt: None = None
+    lte: None = None
+
+
 class FieldCondition(_Body):
     key: str
-    match: Match
+    match: Match | None = None
+    range: Range | None = None
 
 
 class Filter(_Body):
@@ -152,12 +159,27 @@ class CountRequest(_Body):
     exact: bool = True
 
 
+class DeletePoints(_Body):
+    """Qdrant's points selector: ids (``PointIdsList``) or a filter (``FilterSelector``)."""
+
+    points: list[str] | None = None
+    filter: Filter | None = None
+
+
 def payload_filter(body: Filter | None) -> PayloadFilter:
     """The store's flat filter from Qdrant's ``{"must": [{"key", "match"}]}``."""
-    flat: dict[str, MatchValue | list[str] | list[int]] = {}
+    flat: dict[str, MatchValue | list[str] | list[int] | AtLeast] = {}
     for cond in body.must if body else []:
         if cond.key in flat:
             raise InvalidStoreRequest(f"filter: one condition per key, {cond.key!r} repeats")
+        if (cond.match is None) == (cond.range is None):
+            raise InvalidStoreRequest(f"filter {cond.key!r}: give one of match or range")
+        if cond.range is not None:
+            if not cond.range.gte.is_integer():
+                raise InvalidStoreRequest(f"filter {cond.key!r}: range gte must be a whole number")
+            flat[cond.key] = AtLeast(int(cond.range.gte))
+            continue
+        assert cond.match is not None
         value, any_of = cond.match.value, cond.match.any
         if value is not None and any_of is None:
             flat[cond.key] = value
@@ -305,8 +327,13 @@ def create_app(data_dir: str | Path) -> FastAPI:
     @app.post("/collections/{name}/points/delete")
     async def delete_points(name: str, request: Request) -> Response:
         started = time.perf_counter()
-        body = await _parse(request, PointIdsList)
-        await store.delete(name, body.points)
+        body = await _parse(request, DeletePoints)
+        if body.points is not None and body.filter is None:
+            await store.delete(name, body.points)
+        elif body.filter is not None and body.points is None:
+            await store.delete_matching(name, payload_filter(body.filter))
+        else:
+            raise InvalidStoreRequest("give exactly one of points or filter")
         return _ok({"status": "completed"}, started)
 
     @app.post("/collections/{name}/points")

@@ -127,7 +127,7 @@ def test_every_setting_is_a_flag(runner: CliRunner) -> None:
     """Listed by the --help of the commands that read it (which: test_cli_settings.py),
     and accepted by `serve` as by every other command."""
     listed = ""
-    for command in (["serve"], ["gateway"], ["worker"], ["lora", "train"], ["tune"]):
+    for command in (["serve"], ["gateway"], ["worker"], ["ingest"], ["lora", "train"], ["tune"]):
         result = runner.invoke(app, [*command, "--help"])
         assert result.exit_code == 0, result.output
         listed += result.output

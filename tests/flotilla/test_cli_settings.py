@@ -49,7 +49,8 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records"),
-            *("collection", "ingest_max_text_bytes"),
+            *("collection", "ingest_max_text_bytes", "ingest_model"),
+            *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
         }
     ),
     # flotilla.distributed.build_gateway_app: the fleet (no models, so no cache), the
@@ -79,23 +80,28 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         }
     ),
     # flotilla.ingest: ingest_stack() (one input per job, so no request limit), the Kafka
-    # source, the backfill's chunks and the producer. It sets up no logging.
+    # source, the backfill's chunks and the producer, their progress lines; with --server
+    # (flotilla.documents_client) the key it authenticates with and the server's limits
+    # its batches keep to. It sets up no logging.
     ("ingest",): frozenset(
         {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned"),
             *("auto_truncate", "bytes_per_token", "collection", "ingest_max_text_bytes"),
+            *("ingest_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
             *("store", "qdrant_url", "qdrant_api_key"),
-            *("kafka", "topic", "group", "ingest_max_records"),
+            *("kafka", "topic", "group", "ingest_max_records", "progress_interval_s"),
+            *("api_keys", "max_body_bytes", "max_inflight_tokens"),
         }
     ),
-    # flotilla.evaluate.retrieval: ingest_stack() with auto_truncate forced on, chunks of
-    # its own size, <collection>.<model> collections.
+    # flotilla.evaluate.retrieval: ingest_stack() with auto_truncate forced on and chunking
+    # off, its own --model, chunks of its own size, <collection>.<model> collections, the
+    # corpus's progress lines.
     ("eval", "retrieval"): frozenset(
         {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned"),
-            *("bytes_per_token", "collection", "ingest_max_text_bytes"),
+            *("bytes_per_token", "collection", "ingest_max_text_bytes", "progress_interval_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
         }
     ),

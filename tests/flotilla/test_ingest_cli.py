@@ -15,10 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ingest.store import point_id
+from ingest.store import chunk_point_id, point_id
 from ingest.store.edge import EdgeStore
 from tests.gateway.conftest import hub_offline
-from tests.ingest.kafka_helpers import create_topic, read_all
+from tests.ingest.kafka_helpers import create_topic, produce, read_all
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
@@ -64,7 +64,11 @@ async def test_backfill_jsonl_into_the_embedded_store(fleet_file: Path, tmp_path
         "--data-dir", str(data), "--collection", "backfill", "--ingest-max-records", "256",
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 documents could not be ingested" in done.stdout
+    # Without a terminal: plain lines, then the totals as the store confirmed them.
+    assert "\x1b" not in done.stdout
+    summary = done.stdout.splitlines()[-1]
+    assert summary.startswith("docs.jsonl -> backfill: 702 docs in "), summary
+    assert summary.endswith(f": 700 stored, 0 deleted, 2 failed; reasons in {source}.dlq.jsonl")
     dlq = (tmp_path / "docs.jsonl.dlq.jsonl").read_text().splitlines()
     dead = [json.loads(line) for line in dlq]
     assert [d["line"] for d in dead] == [700, 701]
@@ -96,6 +100,37 @@ async def test_backfill_parquet(fleet_file: Path, tmp_path: Path) -> None:
         (point,) = await store.retrieve("pq", [point_id("pq", "p7")])
         assert point.payload["text"] == "parquet row 7"
         assert point.payload["metadata"] == {"row": 7}
+
+
+async def test_backfill_splits_long_documents_unless_told_not_to(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    long = " ".join(f"Sentence {i} of the long document is about contract law." for i in range(30))
+    source = tmp_path / "long.jsonl"
+    lines = [{"id": "long", "text": long}, {"id": "short", "text": "a short one"}]
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    data = tmp_path / "data"
+    common = ["ingest", "--from", str(source), "--fleet", str(fleet_file), "--device", "cpu"]
+    done = flotilla(*common, "--data-dir", str(data), "--collection", "split", "--model", "tiny")
+    assert done.returncode == 0, done.stdout + done.stderr
+    async with EdgeStore(data) as store:
+        ids = [chunk_point_id("split", "long", i) for i in range(20)]
+        passages = await store.retrieve("split", ids)
+        assert len(passages) > 3  # 64-token windows
+        assert [p.payload["chunk_index"] for p in passages] == list(range(len(passages)))
+        assert " ".join(p.payload["text"] for p in passages) == long
+        assert await store.count("split") == len(passages) + 1
+
+    whole = flotilla(*common, "--data-dir", str(tmp_path / "d2"), "--no-chunking")
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    [dead] = [json.loads(x) for x in (tmp_path / "long.jsonl.dlq.jsonl").read_text().splitlines()]
+    assert dead["line"] == 0
+    assert "over the 64-token window of model 'tiny'" in dead["reason"]
+    assert "--chunking" in dead["reason"] and "--auto-truncate" in dead["reason"]
+
+    unknown = flotilla(*common, "--data-dir", str(tmp_path / "d3"), "--model", "nope")
+    assert unknown.returncode != 0
+    assert "--model 'nope'" in unknown.stderr and "tiny" in unknown.stderr
 
 
 async def test_produce_a_file_onto_the_topic(kafka_broker: KafkaBroker, tmp_path: Path) -> None:
@@ -154,3 +189,38 @@ def test_a_missing_topic_is_a_clear_error(
     assert proc.returncode == 1, text[-3000:]
     assert "topic 'no-such-topic' does not exist" in text, text[-3000:]
     assert "Traceback" not in text and "Unclosed" not in text, text[-3000:]
+
+
+async def test_consuming_without_a_terminal_prints_plain_lines_and_the_totals(
+    kafka_broker: KafkaBroker, fleet_file: Path, tmp_path: Path
+) -> None:
+    topic = unique_name("lines")
+    await create_topic(kafka_broker.bootstrap, topic, 2)
+    docs = [(f"doc-{i}".encode(), json.dumps({"text": f"record {i}"}).encode()) for i in range(40)]
+    await produce(kafka_broker.bootstrap, topic, docs)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "flotilla", "ingest", "--kafka", kafka_broker.bootstrap,
+        "--topic", topic, "--fleet", str(fleet_file), "--device", "cpu",
+        "--data-dir", str(tmp_path / "data"), "--collection", "k", "--progress-interval-s", "0.3",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        while not lines or "; 40 stored, 0 deleted, 0 failed, lag 0" not in lines[-1]:
+            line = await asyncio.wait_for(proc.stdout.readline(), 90)
+            assert line, "\n".join(lines)
+            lines.append(line.decode().rstrip("\n"))
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, "\n".join(lines) + rest.decode()
+    progress = [line for line in lines if line.startswith(f"{topic} -> k: ")]
+    assert progress and all(" records in " in line for line in progress), lines
+    summary = rest.decode().splitlines()[-1]
+    assert summary.startswith(f"{topic} -> k: 40 records in "), summary
+    assert summary.endswith(": 40 stored, 0 deleted, 0 failed, lag 0"), summary

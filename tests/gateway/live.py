@@ -15,13 +15,16 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
+from embedder.adapters import AdapterCatalog
 from embedder.fleet import Fleet
 from embedder.host import ModelHost, RuntimeLoader
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.http_server import server_config
 from flotilla.settings import Settings
-from flotilla.wiring import gateway_config, request_limits
+from flotilla.wiring import gateway_config, record_rules, request_limits
 from gateway.app import create_app
+from ingest.embedding import QueueEmbedder
+from ingest.pipeline import IngestCore
 from ingest.store import VectorStore
 from tests.gateway.conftest import Loader, fake_fleet_with_reranker
 
@@ -48,9 +51,12 @@ def live_server(
     fleet: Fleet | None = None,
     loader: RuntimeLoader | None = None,
     store: VectorStore | None = None,
+    documents: bool = False,
     prepare: Callable[[ModelHost], Awaitable[None]] | None = None,
 ) -> Iterator[Live]:
-    """``prepare`` runs on the server's loop once the models are loaded (to fill ``store``)."""
+    """``documents``: the documents routes too, writing into ``store`` through an ingest
+    core as `serve` wires it; ``prepare`` runs on the server's loop once the models are
+    loaded (to fill ``store``)."""
     settings = settings or Settings()
     fleet = fleet or fake_fleet_with_reranker("alpha", "beta")
     queue = InProcessQueue()
@@ -69,7 +75,14 @@ def live_server(
                 await prepare(host)
             yield
 
-    app = create_app(gateway_config(settings), fleet, queue, host, lifespan=lifespan, store=store)
+    core = None
+    if documents:
+        assert store is not None
+        rules = record_rules(settings, fleet, AdapterCatalog(fleet))
+        core = IngestCore(QueueEmbedder(queue), store, rules)
+    app = create_app(
+        gateway_config(settings), fleet, queue, host, lifespan=lifespan, store=store, ingest=core
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

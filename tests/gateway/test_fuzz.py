@@ -14,11 +14,14 @@ import numpy as np
 import pytest
 import schemathesis
 
+from embedder.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings
-from flotilla.wiring import gateway_config, request_limits
+from flotilla.wiring import gateway_config, record_rules, request_limits
 from gateway.app import create_app
+from ingest.embedding import QueueEmbedder
+from ingest.pipeline import IngestCore
 from ingest.store import Point, point_id
 from ingest.store.edge import EdgeStore
 from ingest.store.qdrant import QdrantStore
@@ -57,7 +60,11 @@ def document() -> dict[str, Any]:
     queue = InProcessQueue()
     host = ModelHost(fleet, queue, request_limits(SETTINGS), device="cpu", loader=Loader())
     store = QdrantStore(location=":memory:")
-    return create_app(gateway_config(SETTINGS), fleet, queue, host, store=store).openapi()
+    core = IngestCore(
+        QueueEmbedder(queue), store, record_rules(SETTINGS, fleet, AdapterCatalog(fleet))
+    )
+    app = create_app(gateway_config(SETTINGS), fleet, queue, host, store=store, ingest=core)
+    return app.openapi()
 
 
 DOCUMENT = document()
@@ -81,7 +88,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             ],
         )
 
-    with live_server(SETTINGS, store=store, prepare=collection) as server:
+    with live_server(SETTINGS, store=store, documents=True, prepare=collection) as server:
         assert httpx.get(f"{server.url}/openapi.json").json() == DOCUMENT
         yield server
 

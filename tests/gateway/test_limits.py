@@ -15,19 +15,20 @@ from embedder.jobs import TruncationSide
 from embedder.rawjson import MAX_DEPTH
 from embedder.runtimes import Encoded
 from flotilla.settings import Settings
+from gateway.app import ROUTES
 from ingest.store.qdrant import QdrantStore
 from tests.gateway import expected
 from tests.gateway.conftest import FAKE_MAX_TOKENS, Stack
 from tests.gateway.live import live_server
 
-BODY_ROUTES = ["/", "/v1/embeddings", "/embed", "/rerank", "/v1/rerank"]
+BODY_ROUTES = list(ROUTES)
 
 
 def error_of(response: httpx.Response) -> tuple[str, str]:
     """(type, message) of an error answer, checking the shape its route documents: the
-    OpenAI shape under /v1/, TEI's elsewhere."""
+    OpenAI shape under /v1/ and /v2/, TEI's elsewhere."""
     body = response.json()
-    if response.request.url.path.startswith("/v1/"):
+    if response.request.url.path.startswith(("/v1/", "/v2/")):
         assert set(body) == {"error"}, body
         assert set(body["error"]) == {"message", "type", "code"}, body
         assert body["error"]["code"] == response.status_code
@@ -83,7 +84,7 @@ async def test_nesting_within_the_limit_reaches_the_worker(stack: Stack) -> None
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/nope"), ("POST", "/v2/embed"), ("GET", "/v1/nope"), ("POST", "/v1/embedding")],
+    [("GET", "/nope"), ("POST", "/v3/embed"), ("GET", "/v1/nope"), ("POST", "/v2/embedding")],
 )
 async def test_unknown_route_is_404_in_the_documented_shape(
     stack: Stack, method: str, path: str
@@ -102,6 +103,7 @@ async def test_unknown_route_is_404_in_the_documented_shape(
         ("GET", "/embed", "POST"),
         ("PUT", "/", "POST"),
         ("GET", "/v1/rerank", "POST"),
+        ("GET", "/v2/embed", "POST"),
         ("POST", "/v1/models", "GET"),
         ("DELETE", "/health", "GET"),
     ],
@@ -131,6 +133,15 @@ async def test_wrong_method_is_405_with_allow(
         ("/rerank", {"query": "q", "texts": ["a", "\u3000"]}, "'texts' item 1"),
         ("/v1/rerank", {"query": "q", "documents": [{"text": ""}]}, "'documents' item 0"),
         ("/v1/rerank", {"query": "", "documents": ["a"]}, "'query' is empty"),
+        ("/v2/embed", {"texts": ["a", " "], "input_type": "search_query"}, "'texts' item 1"),
+        ("/v2/rerank", {"query": "\n", "documents": ["a"]}, "'query' is empty"),
+        ("/v2/rerank", {"query": "q", "documents": ["a", ""]}, "'documents' item 1"),
+        (
+            "/similarity",
+            {"inputs": {"source_sentence": " ", "sentences": ["a"]}},
+            "'source_sentence' is empty",
+        ),
+        ("/similarity", {"inputs": {"source_sentence": "a", "sentences": [""]}}, "item 0"),
     ],
 )
 async def test_empty_or_whitespace_inputs_are_422_naming_the_input(

@@ -1,5 +1,6 @@
-"""Ingest workers as separate processes, one killed with SIGKILL mid-stream and
-restarted: the collection still ends with exactly the documents, vectors correct.
+"""Ingest workers as separate processes, killed with SIGKILL mid-stream and restarted:
+the collection still ends with exactly the documents' passages, vectors correct, through
+long documents split into passages, re-ingested shorter, and deleted.
 
 The workers are real `flotilla ingest` processes sharing one store through the
 store server (an embedded shard has one owner), consuming a 4-partition topic on
@@ -14,30 +15,28 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from embedder.fleet import load_fleet
+from ingest.store import Point, chunk_point_id
 from ingest.store.qdrant import QdrantStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce
 from tests.ingest.store.server_fixture import free_port, start_store_server, stop, wait_ready
-from tests.ingest.test_kafka_ingest import (
-    COLLECTION,
-    documents,
-    expected_vectors,
-    stored_points,
-)
+from tests.ingest.test_kafka_ingest import COLLECTION, documents, expected_vectors
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow
 
-DOCS = 10_000
+SHORT = 2_000  # documents of one passage
+LONG = 500  # documents of several passages
+MAX_PASSAGES = 8
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +102,54 @@ async def wait_for(
         await asyncio.sleep(0.5)
 
 
+def long_text(i: int, sentences: int, version: str) -> str:
+    """A document of ``sentences`` sentences, about 15 tokens each: over the tiny model's
+    64-token window from five sentences on."""
+    topics = ["contract law", "tax rules", "shipping", "weather", "football", "poetry"]
+    return " ".join(
+        f"Version {version} of document {i} says in part {j} that {topics[(i + j) % 6]} "
+        f"matters for case {i * 31 + j}."
+        for j in range(sentences)
+    )
+
+
+def stream() -> tuple[list[tuple[str, str]], list[tuple[str, str | None]]]:
+    """Phase one: short documents (one passage) and long ones (three or more). Phase two:
+    long documents re-ingested shorter, short ones longer, and tombstones of both."""
+    short = documents(SHORT)
+    long = [(f"long-{i}", long_text(i, 14, "one")) for i in range(LONG)]
+    second: list[tuple[str, str | None]] = [
+        (f"long-{i}", long_text(i, 5, "two"))
+        for i in range(0, LONG, 2)  # shorter
+    ]
+    second += [(d, long_text(n, 9, "two")) for n, (d, _) in enumerate(short[:SHORT:10])]
+    second += [(f"long-{i}", None) for i in range(1, LONG, 4)]  # tombstones
+    second += [(d, None) for d, _ in short[5:SHORT:10]]
+    return short + long, second
+
+
+async def stored_passages(store: QdrantStore, doc_ids: Sequence[str]) -> dict[str, list[Point]]:
+    """Every point of each document, by passage index (up to MAX_PASSAGES looked for)."""
+    ids = [chunk_point_id(COLLECTION, d, i) for d in doc_ids for i in range(MAX_PASSAGES)]
+    found: dict[str, list[Point]] = {d: [] for d in doc_ids}
+    for start in range(0, len(ids), 2000):
+        for point in await store.retrieve(COLLECTION, ids[start : start + 2000]):
+            found[point.payload["doc_id"]].append(point)
+    for points in found.values():
+        points.sort(key=lambda p: p.payload["chunk_index"])
+    return found
+
+
 async def test_kill_9_mid_stream_loses_and_duplicates_nothing(
     kafka_broker: KafkaBroker, fleet_file: Path, store_url: str, tmp_path: Path
 ) -> None:
+    """Two SIGKILLs, one while documents are first written, one while they are replaced
+    by shorter versions and deleted; each document ends with exactly its last version's
+    passages, and tombstoned ones with none."""
     bootstrap, topic, group = kafka_broker.bootstrap, unique_name("crash"), unique_name("g")
     await create_topic(bootstrap, topic, 4)
-    docs = documents(DOCS)
-    await produce(bootstrap, topic, [(d.encode(), t.encode()) for d, t in docs])
+    first, second = stream()
+    await produce(bootstrap, topic, [(d.encode(), t.encode()) for d, t in first])
     args = [
         "--kafka", bootstrap, "--topic", topic, "--group", group,
         "--store", "qdrant", "--qdrant-url", store_url, "--fleet", str(fleet_file),
@@ -121,30 +161,67 @@ async def test_kill_9_mid_stream_loses_and_duplicates_nothing(
 
     async def some_written() -> bool:
         try:
-            return await store.count(COLLECTION) >= DOCS // 4
+            return await store.count(COLLECTION) >= (SHORT + 3 * LONG) // 4
         except Exception:  # the collection appears with the first write
             return False
 
-    await wait_for(some_written, 180, "a quarter of the documents", workers)
-    workers[0].kill()  # SIGKILL: no drain, no commit
-    written_at_kill = await store.count(COLLECTION)
-    assert written_at_kill < DOCS, "the stream ended before the kill; make it longer"
-    workers.append(Worker(args, tmp_path / "worker-restarted.log"))
+    async def lag() -> int:
+        return await committed_lag(bootstrap, topic, group, 4)
 
     async def drained() -> bool:
-        return await committed_lag(bootstrap, topic, group, 4) == 0
+        return await lag() == 0
 
+    await wait_for(some_written, 180, "a quarter of the passages", workers)
+    workers[0].kill()  # SIGKILL: no drain, no commit
+    assert await lag() > 0, "the stream ended before the kill; make it longer"
+    workers.append(Worker(args, tmp_path / "worker-restarted.log"))
+    await wait_for(drained, 300, "the first phase to be committed", workers)
+
+    before = await stored_passages(store, [d for d, t in second if t is not None])
+    await produce(bootstrap, topic, [(d.encode(), t and t.encode()) for d, t in second])
+
+    async def replacing() -> bool:
+        return 0 < await lag() < len(second)
+
+    await wait_for(replacing, 120, "the second phase to start", workers)
+    workers[1].kill()
+    assert await lag() > 0, "the second phase ended before the kill; make it longer"
+    workers.append(Worker(args, tmp_path / "worker-restarted-2.log"))
     await wait_for(drained, 300, "every record to be committed", workers)
-    for worker in workers[1:]:
+    for worker in workers[2:]:
         assert worker.stop() == 0, worker.log.read_text()[-3000:]
 
-    assert await store.count(COLLECTION) == DOCS
-    points = await stored_points(store, [d for d, _ in docs])
-    assert sorted(p.payload["doc_id"] for p in points) == sorted(d for d, _ in docs)
+    final: dict[str, str | None] = dict(first)
+    final.update(second)
+    found = await stored_passages(store, list(final))
+    expected_points = 0
+    for doc, text in final.items():
+        points = found[doc]
+        if text is None:
+            assert points == [], doc
+            continue
+        count = len(points)
+        assert [p.payload["chunk_index"] for p in points] == list(range(count)), doc
+        assert {p.payload["chunk_count"] for p in points} == {count}, doc
+        assert [p.payload["text"] for p in points] == [
+            text[p.payload["char_start"] : p.payload["char_end"]] for p in points
+        ]
+        # The passages are the last version, whole: every word once, in order.
+        assert " ".join(p.payload["text"] for p in points).split() == text.split(), doc
+        expected_points += count
+    assert await store.count(COLLECTION) == expected_points  # nothing stale anywhere
+    # The scenario happened: long documents were split, and the shortened lost passages.
+    assert min(len(found[f"long-{i}"]) for i in range(3, LONG, 4)) >= 3
+    shortened = [d for d, t in second if t is not None and d.startswith("long-")]
+    assert all(len(found[d]) < len(before[d]) for d in shortened)
+    assert all(len(found[d]) > 1 for d, t in second if t is not None and d.startswith("doc-"))
+
+    # Vectors of every fifth passage (embedding them all here would take longer than
+    # the ingest did): each is the tiny model's own vector of its passage's text.
+    points = [p for doc in final for p in found[doc]][::5]
     with hub_offline():
-        want = expected_vectors(load_fleet(fleet_file), [t for _, t in docs])
-    index = {d: i for i, (d, _) in enumerate(docs)}
+        want = expected_vectors(load_fleet(fleet_file), [p.payload["text"] for p in points])
     got = np.stack([np.asarray(p.vector) for p in points])
-    cosine = (got * want[[index[p.payload["doc_id"]] for p in points]]).sum(axis=1)
+    cosine = (got * want).sum(axis=1)
     assert cosine.min() >= 0.9999, cosine.min()
     await store.close()

@@ -1,5 +1,6 @@
 """The ingest core over the real in-process queue, worker (fake runtime) and qdrant-client
-store: what is written, what is dead-lettered, and that outages delay but lose nothing."""
+store: what is written, what is dead-lettered, that outages delay but lose nothing, and
+how long documents become passages that replacing and deleting keep exact."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import pytest
 from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
-from ingest.embedding import QueueEmbedder
+from ingest.chunking import Chunking
+from ingest.embedding import QueueEmbedder, model_windows
 from ingest.pipeline import Backoff, IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
-from ingest.store import Point, StoreUnavailable, point_id
+from ingest.store import PayloadFilter, Point, StoreUnavailable, chunk_point_id, point_id
 from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
@@ -50,7 +52,8 @@ class Stack:
         return await self.core.process(records, self.dead_letter)
 
 
-async def make_stack(store: QdrantStore) -> AsyncIterator[Stack]:
+async def make_stack(store: QdrantStore, *, chunking: bool = True) -> AsyncIterator[Stack]:
+    """The fake models take 16 tokens: 14 words and the two special tokens."""
     fleet = fake_fleet("mini", "other", max_tokens=16)
     queue = InProcessQueue()
     loader = FakeLoader()
@@ -62,7 +65,11 @@ async def make_stack(store: QdrantStore) -> AsyncIterator[Stack]:
         resolve_model=lambda name: name if name in fleet.models else None,
     )
     core = IngestCore(
-        QueueEmbedder(queue), store, rules, backoff=Backoff(first_s=0.01, deadline_s=5)
+        QueueEmbedder(queue),
+        store,
+        rules,
+        backoff=Backoff(first_s=0.01, deadline_s=5),
+        chunking=Chunking(model_windows(host.loaded), enabled=chunking),
     )
     async with host:
         await host.wait_ready()
@@ -134,7 +141,14 @@ async def test_delete_after_upsert_wins_and_upsert_after_delete_restores(stack: 
     assert points["keep"].payload["text"] == "v2"
 
 
-async def test_poison_is_dead_lettered_and_its_neighbours_stored(stack: Stack) -> None:
+@pytest.fixture
+async def unchunked() -> AsyncIterator[Stack]:
+    async for s in make_stack(QdrantStore(location=":memory:"), chunking=False):
+        yield s
+
+
+async def test_poison_is_dead_lettered_and_its_neighbours_stored(unchunked: Stack) -> None:
+    stack = unchunked
     records = [
         record(0, "ok1", "fine"),
         record(1, "bad-json", b'{"text": '),
@@ -148,7 +162,10 @@ async def test_poison_is_dead_lettered_and_its_neighbours_stored(stack: Stack) -
     assert report.upserted == 2
     reasons = {r.key: reason for r, reason in stack.dead}
     assert set(reasons) == {b"bad-json", b"bad-utf8", b"empty", b"long", b"who"}
-    assert "16" in reasons[b"long"] and "tokens" in reasons[b"long"]
+    # The reason names the flags of `flotilla ingest` that take such a document.
+    assert "has 42 tokens, over the 16-token window of model 'mini'" in reasons[b"long"]
+    assert "--chunking" in reasons[b"long"] and "--auto-truncate" in reasons[b"long"]
+    assert '"truncate"' not in reasons[b"long"]
     assert "unknown model 'nope'" in reasons[b"who"]
     assert [r.value for r, _ in stack.dead if r.key == b"bad-utf8"] == [b"\xff\xfe"]
     assert set(await stored(stack, "main", ["ok1", "ok2"])) == {"ok1", "ok2"}
@@ -177,3 +194,134 @@ async def test_store_outage_beyond_the_deadline_raises_and_writes_nothing() -> N
         stack.core.backoff = Backoff(first_s=0.01, max_s=0.02, deadline_s=0.2)
         with pytest.raises(StoreUnavailable):
             await stack.process([record(0, "d", "text")])  # the caller must not commit
+
+
+# --- long documents: passages, replacing, deleting ---
+
+
+def words(n: int, word: str = "clause") -> str:
+    """``n`` words in sentences of seven: the fake tokenizer counts one token a word."""
+    return " ".join(f"{word}{i}." if i % 7 == 6 else f"{word}{i}" for i in range(n))
+
+
+async def passages_of(stack: Stack, doc: str, collection: str = "main") -> list[Point]:
+    """Every stored point of ``doc``, by passage index (up to 50 looked for)."""
+    ids = [chunk_point_id(collection, doc, i) for i in range(50)]
+    return sorted(
+        await stack.store.retrieve(collection, ids), key=lambda p: p.payload["chunk_index"]
+    )
+
+
+async def test_a_long_document_becomes_passages_with_their_spans(stack: Stack) -> None:
+    text = words(40)
+    report = await stack.process([record(0, "long", {"text": text, "metadata": {"law": "bgb"}})])
+    assert (report.upserted, report.passages, report.dead_lettered) == (1, 3, 0)
+    points = await passages_of(stack, "long")
+    assert await stack.store.count("main") == len(points) == 3
+    assert points[0].id == point_id("main", "long")  # passage 0 keeps the document's id
+    runtime = stack.loader.runtimes["mini"]
+    covered = []
+    for i, point in enumerate(points):
+        payload = point.payload
+        assert payload["doc_id"] == "long"
+        assert (payload["chunk_index"], payload["chunk_count"]) == (i, 3)
+        assert payload["text"] == text[payload["char_start"] : payload["char_end"]]
+        assert len(payload["text"].split()) <= 14
+        assert payload["metadata"] == {"law": "bgb"}
+        assert payload["source"] == {"topic": "docs", "partition": 0, "offset": 0}
+        np.testing.assert_allclose(
+            point.vector, runtime.expected_vector(payload["text"]), atol=1e-5
+        )
+        covered.extend(payload["text"].split())
+    assert covered == text.split()  # in order, every word once (no overlap by default)
+
+
+async def test_a_document_that_fits_is_one_point_with_its_whole_text(stack: Stack) -> None:
+    await stack.process([record(0, "short", " a few words ")])
+    [point] = await passages_of(stack, "short")
+    assert point.payload["text"] == " a few words "
+    assert (point.payload["chunk_count"], point.payload["char_end"]) == (1, 13)
+
+
+async def test_reingesting_shorter_removes_the_stale_passages(stack: Stack) -> None:
+    await stack.process([record(0, "doc", words(60)), record(1, "other", words(30))])
+    assert len(await passages_of(stack, "doc")) == 5
+    await stack.process([record(2, "doc", words(20, "new"))])
+    points = await passages_of(stack, "doc")
+    assert [p.payload["chunk_index"] for p in points] == [0, 1]
+    assert {p.payload["chunk_count"] for p in points} == {2}
+    assert all(p.payload["text"].startswith("new") for p in points)
+    assert len(await passages_of(stack, "other")) == 3  # another document is left alone
+    assert await stack.store.count("main") == 5
+    await stack.process([record(3, "doc", "one line now")])
+    assert [p.payload["text"] for p in await passages_of(stack, "doc")] == ["one line now"]
+    assert await stack.store.count("main") == 4
+
+
+async def test_a_tombstone_deletes_every_passage(stack: Stack) -> None:
+    await stack.process([record(0, "doc", words(50)), record(1, "keep", words(20))])
+    await stack.process([record(2, "doc", None)])
+    assert await passages_of(stack, "doc") == []
+    assert await stack.store.count("main") == 2
+    await stack.process([record(3, "doc", None)])  # again: nothing left to delete
+    await stack.process([record(4, "gone", None, flotilla_collection="never-made")])
+    assert await stack.store.count("main") == 2
+
+
+async def test_a_document_stored_whole_before_chunking_is_replaced_then_deleted(
+    stack: Stack,
+) -> None:
+    await stack.process([record(0, "seed", "x")])  # creates the collection
+    legacy = {"doc_id": "old", "text": "stored whole", "model": "mini"}  # no chunk fields
+    await stack.store.upsert("main", [Point(point_id("main", "old"), [1.0] * 8, legacy)])
+    await stack.process([record(1, "old", words(30))])
+    points = await passages_of(stack, "old")
+    assert [p.payload["chunk_index"] for p in points] == [0, 1, 2]
+    await stack.process([record(2, "old", None)])
+    assert await passages_of(stack, "old") == []
+    assert await stack.store.count("main") == 1
+
+
+class CrashingStore(QdrantStore):
+    """Fails the first stale-passage delete as a process killed between the upsert and
+    the delete would leave it: passages written, the old ones still there."""
+
+    def __init__(self) -> None:
+        super().__init__(location=":memory:")
+        self.crashes = 1
+
+    async def delete_matching(self, collection: str, filter: PayloadFilter) -> None:
+        if self.crashes:
+            self.crashes -= 1
+            raise RuntimeError("killed")
+        await super().delete_matching(collection, filter)
+
+
+async def test_a_crash_between_writing_and_pruning_converges_on_redelivery() -> None:
+    async for stack in make_stack(CrashingStore()):
+        assert isinstance(stack.store, CrashingStore)
+        stack.store.crashes = 0
+        await stack.process([record(0, "doc", words(60))])
+        stack.store.crashes = 1
+        shorter = [record(1, "doc", words(20, "new")), record(2, "more", words(30))]
+        with pytest.raises(RuntimeError, match="killed"):
+            await stack.process(shorter)  # not committed: the chunk comes again
+        assert len(await passages_of(stack, "doc")) == 5  # two new, three stale
+        await stack.process(shorter)
+        points = await passages_of(stack, "doc")
+        assert [(p.payload["chunk_index"], p.payload["chunk_count"]) for p in points] == [
+            (0, 2),
+            (1, 2),
+        ]
+        assert await stack.store.count("main") == 2 + 3
+
+
+async def test_overlap_and_passage_size_follow_the_settings(stack: Stack) -> None:
+    chunking = stack.core.chunking
+    assert chunking is not None
+    stack.core.chunking = Chunking(chunking.windows, max_tokens=10, overlap_tokens=3)
+    await stack.process([record(0, "doc", words(30))])
+    texts = [p.payload["text"].split() for p in await passages_of(stack, "doc")]
+    assert all(len(t) <= 8 for t in texts)  # 10 tokens less the two special ones
+    assert sum(len(t) for t in texts) > 30  # the overlap repeats words
+    assert texts[0][-1] in texts[1]

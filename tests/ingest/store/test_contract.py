@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from numpy.typing import NDArray
 
 from ingest.store import (
     STORES,
+    AtLeast,
     CollectionModelMismatch,
     CollectionNotFound,
     CollectionSpec,
@@ -33,6 +35,7 @@ from ingest.store import (
     StoreError,
     StoreUnavailable,
     VectorStore,
+    chunk_point_id,
     open_store,
     point_id,
 )
@@ -101,6 +104,19 @@ def test_point_id_is_deterministic_and_scoped_to_the_collection() -> None:
     assert uuid.UUID(a).version == 5
     # Pinned: a change of namespace would re-key every stored point.
     assert point_id("docs", "doc-1") == "0fb8a57f-80db-5f8f-9359-d7dd69e19e22"
+
+
+def test_chunk_ids_are_deterministic_distinct_and_start_at_the_document_id() -> None:
+    assert chunk_point_id("docs", "a", 0) == point_id("docs", "a")
+    ids = {
+        chunk_point_id(c, d, i) for c in ("docs", "other") for d in ("a", "a/1") for i in range(4)
+    }
+    assert len(ids) == 16
+    # No document's own id is another document's passage id.
+    assert chunk_point_id("docs", "a", 1) not in {point_id("docs", f"a{s}1") for s in "/#-_ "}
+    assert chunk_point_id("docs", "a", 3) == chunk_point_id("docs", "a", 3)
+    # Pinned, as point_id is: a change would orphan every stored passage.
+    assert chunk_point_id("docs", "doc-1", 2) == "79af0b60-593e-5e10-bfa0-07fc8ddb17b5"
 
 
 def test_point_keeps_ids_canonical_and_refuses_non_uuids() -> None:
@@ -313,6 +329,63 @@ async def test_filters_on_nested_keys_ints_bools_and_any_of(store: VectorStore, 
     assert len(await store.search(coll, query, limit=3, filter={})) == 3
 
 
+async def passages(store: VectorStore, coll: str, counts: dict[str, int]) -> list[str]:
+    """Write ``counts[doc]`` passages of each document (payload doc_id, chunk_index)."""
+    await store.ensure_collection(coll, DIM, "cosine", MODEL)
+    rng = np.random.default_rng(6)
+    points = [
+        Point(chunk_point_id(coll, doc, i), v, {"doc_id": doc, "chunk_index": i})
+        for doc, n in counts.items()
+        for i, v in zip(range(n), unit(rng, n), strict=True)
+    ]
+    await store.upsert(coll, points)
+    return [p.id for p in points]
+
+
+async def left(store: VectorStore, coll: str, ids: list[str]) -> set[tuple[str, int]]:
+    return {
+        (p.payload["doc_id"], p.payload["chunk_index"]) for p in await store.retrieve(coll, ids)
+    }
+
+
+async def test_delete_matching_removes_exactly_what_matches(store: VectorStore, coll: str) -> None:
+    ids = await passages(store, coll, {"a": 5, "b": 3, "c": 2, "d": 1})
+    await store.delete_matching(coll, {"doc_id": "a", "chunk_index": AtLeast(2)})
+    assert await left(store, coll, ids) == {
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2), ("c", 0), ("c", 1), ("d", 0)
+    }  # fmt: skip
+    await store.delete_matching(coll, {"doc_id": ["b", "c"], "chunk_index": AtLeast(1)})
+    assert await left(store, coll, ids) == {("a", 0), ("a", 1), ("b", 0), ("c", 0), ("d", 0)}
+    await store.delete_matching(coll, {"doc_id": ["a", "c", "never-written"]})
+    assert await left(store, coll, ids) == {("b", 0), ("d", 0)}
+    # Again, and matching nothing: no error, nothing else gone.
+    await store.delete_matching(coll, {"doc_id": ["a", "c"]})
+    await store.delete_matching(coll, {"chunk_index": AtLeast(99)})
+    assert await store.count(coll) == 2
+
+
+async def test_delete_matching_refuses_an_empty_filter_and_a_missing_collection(
+    store: VectorStore, coll: str
+) -> None:
+    await passages(store, coll, {"a": 2})
+    with pytest.raises(InvalidStoreRequest, match="non-empty filter"):
+        await store.delete_matching(coll, {})
+    with pytest.raises(InvalidStoreRequest):
+        await store.delete_matching(coll, {"chunk_index": AtLeast(True)})  # type: ignore[arg-type]
+    with pytest.raises(CollectionNotFound):
+        await store.delete_matching(f"{coll}-other", {"doc_id": "a"})
+    assert await store.count(coll) == 2
+
+
+async def test_search_filters_on_a_lower_bound(store: VectorStore, coll: str) -> None:
+    await passages(store, coll, {"a": 6, "b": 2})
+    hits = await store.search(coll, [1.0] * DIM, limit=20, filter={"chunk_index": AtLeast(4)})
+    assert sorted((h.payload["doc_id"], h.payload["chunk_index"]) for h in hits) == [
+        ("a", 4),
+        ("a", 5),
+    ]
+
+
 def hits_ids(hits: list[Hit]) -> list[str]:
     return [h.id for h in hits]
 
@@ -415,10 +488,15 @@ async def test_edge_reopen_after_close_keeps_points_and_model(tmp_path: Path) ->
 async def test_edge_one_store_owns_a_shard(tmp_path: Path) -> None:
     async with open_store("edge", data_dir=tmp_path) as first:
         await first.ensure_collection("docs", DIM, "cosine", MODEL)
-        async with open_store("edge", data_dir=tmp_path) as second:
+        async with open_store("edge", data_dir=tmp_path, lock_wait_s=0.3) as second:
+            started = time.monotonic()
             with pytest.raises(ShardLocked) as caught:
                 await second.count("docs")
-            assert caught.value.retriable
+            assert 0.2 <= time.monotonic() - started < 2  # waited for a predecessor, briefly
+            # Not retriable: the owner keeps it; the message says who and the ways in.
+            assert not caught.value.retriable and caught.value.http_status == 409
+            assert "another store in this process" in caught.value.message
+            assert "--server" in caught.value.message and "--store qdrant" in caught.value.message
     async with open_store("edge", data_dir=tmp_path) as third:
         assert await third.count("docs") == 0
 
