@@ -1,9 +1,9 @@
 """Request bodies as clients send them, one msgspec struct per API shape.
 
-The codecs decode with these very structs, so ``BODIES`` (shape -> struct) is also what
-describes each route's request body (``msgspec.json.schema(BODIES[shape])``) without a
-second definition that could drift. Unknown fields are ignored, as the reference
-servers do.
+The codecs decode with these very structs; ``BODIES`` (shape -> struct) is what the
+OpenAPI document's request models (``gateway.schemas``) are held to, field for field, by
+a test, so the document cannot drift from the decoders. Unknown fields are ignored, as
+the reference servers do.
 """
 
 from __future__ import annotations

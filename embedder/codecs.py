@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from embedder.errors import InvalidRequest, LimitExceeded
 from embedder.fleet import PromptUse
 from embedder.jobs import ApiShape, TruncationSide
+from embedder.rawjson import check_depth
 
 _B = TypeVar("_B")
 
@@ -108,18 +109,21 @@ class _CohereRerank(msgspec.Struct):
 
 
 def _decode(body: bytes, kind: type[_B]) -> _B:
+    check_depth(body)  # the gateway checked already; a job may come from any queue
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid request body: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError:  # a deeper stack than the depth check allows for
+        raise InvalidRequest("the request body nests too deep to decode") from None
 
 
 def _holds_token_ids(body: bytes) -> bool:
     try:
         msgspec.json.decode(body, type=_TokenIds)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return False
     return True
 
@@ -143,7 +147,18 @@ def _texts(value: str | list[str], field: str, limits: RequestLimits) -> list[st
             "request: split the request, or raise --max-inputs-per-request "
             "(FLOTILLA_MAX_INPUTS_PER_REQUEST)"
         )
+    for i, text in enumerate(texts):
+        if not text.strip():
+            _nonblank(text, f"'{field}'" if isinstance(value, str) else f"'{field}' item {i}")
     return texts
+
+
+def _nonblank(text: str, what: str) -> str:
+    """An empty or whitespace-only text has nothing to embed or score: a 422 that names it,
+    rather than the vector of the special tokens alone."""
+    if not text.strip():
+        raise InvalidRequest(f"{what} is empty or only whitespace: send text, or leave it out")
+    return text
 
 
 # input_type values -> the use they ask for: Voyage's and Cohere's names, and e5's own.
@@ -202,7 +217,7 @@ def decode_rerank(shape: ApiShape, body: bytes, limits: RequestLimits) -> Rerank
     if shape is ApiShape.TEI_RERANK:
         tei = _decode(body, _TeiRerank)
         return RerankRequest(
-            query=tei.query,
+            query=_nonblank(tei.query, "'query'"),
             documents=_texts(tei.texts, "texts", limits),
             truncate=limits.auto_truncate if tei.truncate is None else tei.truncate,
             side="left" if tei.truncation_direction.lower() == "left" else "right",
@@ -215,7 +230,7 @@ def decode_rerank(shape: ApiShape, body: bytes, limits: RequestLimits) -> Rerank
         if co.top_n is not None and co.top_n <= 0:
             raise InvalidRequest(f"'top_n' must be a positive integer, got {co.top_n}")
         return RerankRequest(
-            query=co.query,
+            query=_nonblank(co.query, "'query'"),
             documents=_texts(docs, "documents", limits),
             truncate=limits.auto_truncate,
             top_n=co.top_n,

@@ -22,6 +22,7 @@ from embedder.codecs import (
     RerankRequest,
     _decode,
     _dimensions,
+    _nonblank,
     _texts,
     base64_rows,
     json_with_vectors,
@@ -109,7 +110,7 @@ def decode_embed(body: bytes, limits: RequestLimits) -> CohereEmbedRequest:
 def decode_rerank(body: bytes, limits: RequestLimits) -> CohereRerankRequest:
     co = _decode(body, CohereRerankV2)
     return CohereRerankRequest(
-        query=co.query,
+        query=_nonblank(co.query, "'query'"),
         documents=_texts(co.documents, "documents", limits),
         truncate=True,  # v2 cuts long documents to max_tokens_per_doc rather than refusing
         top_n=_positive(co.top_n, "top_n"),

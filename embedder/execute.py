@@ -25,7 +25,7 @@ from embedder.codecs import EmbedRequest, RequestLimits, RerankRequest, shape_ve
 from embedder.cohere_v2 import check_window
 from embedder.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
 from embedder.fleet import ModelSpec
-from embedder.jobs import EmbedJob, JobResult, Task, Timings
+from embedder.jobs import EmbedJob, JobResult, Task, Timings, TruncationSide
 from embedder.queue import Outcome
 from embedder.runtimes import Encoded, Runtime
 from embedder.shapes import decode_embed, decode_rerank, encode_embed, encode_rerank
@@ -61,6 +61,22 @@ def _check_lengths(lengths: Sequence[int], truncate: bool, max_tokens: int, fiel
             )
 
 
+# Characters per token a text keeps when it is cut before tokenizing (truncation only).
+# Tokenizing costs time in proportion to the text, and all but the window is thrown away:
+# a 4 MB text would tokenize for about a second to keep 256 tokens. Real text runs 3 to 6
+# characters a token, so the cut keeps the same window; only text that is mostly
+# whitespace or 30+-character words would keep fewer tokens than the window holds.
+CUT_CHARS_PER_TOKEN = 32
+
+
+def _cut(texts: Sequence[str], side: TruncationSide, max_tokens: int) -> list[str]:
+    room = max_tokens * CUT_CHARS_PER_TOKEN
+    return [
+        text if len(text) <= room else text[:room] if side == "right" else text[-room:]
+        for text in texts
+    ]
+
+
 def _prepare(
     job: EmbedJob, model: LoadedModel, limits: RequestLimits
 ) -> tuple[EmbedRequest | RerankRequest, Encoded]:
@@ -70,25 +86,27 @@ def _prepare(
     if job.task is Task.EMBED:
         request = decode_embed(job.shape, job.body, limits)
         check_window(request, max_tokens)
+        side = request.side
+        texts = _cut(request.texts, side, max_tokens) if request.truncate else request.texts
         prefix = spec.prompt_prefix(request.prompt_name, request.use)  # unknown name: 422
         # The prompt's tokens count towards the limit: a text that fits alone may not.
-        encoded = runtime.tokenize(request.texts, request.side, prefix=prefix)
+        encoded = runtime.tokenize(texts, side, prefix=prefix)
         _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
     rerank = decode_rerank(job.shape, job.body, limits)
     check_window(rerank, max_tokens)
+    side = rerank.side
+    query, docs = rerank.query, rerank.documents  # the request keeps them whole (return_text)
+    if rerank.truncate:
+        query, docs = _cut([query], side, max_tokens)[0], _cut(docs, side, max_tokens)
     if runtime.info.kind == "cross-encoder":
-        encoded = runtime.tokenize_pairs(rerank.query, rerank.documents, rerank.side)
+        encoded = runtime.tokenize_pairs(query, docs, side)
         _check_lengths(encoded.full_lengths, rerank.truncate, max_tokens, "query + document {i}")
     else:  # a bi-encoder reranks by cosine: the query is the first input
         encoded = Encoded.concat(
             [
-                runtime.tokenize(
-                    [rerank.query], rerank.side, prefix=spec.prompt_prefix(use="query")
-                ),
-                runtime.tokenize(
-                    rerank.documents, rerank.side, prefix=spec.prompt_prefix(use="document")
-                ),
+                runtime.tokenize([query], side, prefix=spec.prompt_prefix(use="query")),
+                runtime.tokenize(docs, side, prefix=spec.prompt_prefix(use="document")),
             ]
         )
         _check_lengths(encoded.full_lengths[:1], rerank.truncate, max_tokens, "the query")

@@ -99,14 +99,16 @@ class EmbedJob:
         bytes_per_token: float,
         priority: int = 0,
         adapter: str | None = None,
+        est_tokens: int | None = None,
     ) -> EmbedJob:
-        """A fresh job, its size estimated from the body without parsing it."""
+        """A fresh job, its size estimated from the body without parsing it (unless the
+        caller estimated better: ``embedder.rawjson.estimate_tokens``)."""
         return cls(
             id=uuid.uuid4().hex,
             model=model,
             shape=shape,
             body=body,
-            est_tokens=max(1, math.ceil(len(body) / bytes_per_token)),
+            est_tokens=est_tokens or max(1, math.ceil(len(body) / bytes_per_token)),
             deadline=now + timeout_s,
             enqueued_at=now,
             adapter=adapter,

@@ -19,6 +19,7 @@ from embedder.codecs import (
     RequestLimits,
     _decode,
     _dimensions,
+    _nonblank,
     _texts,
     _use,
     json_with_vectors,
@@ -34,7 +35,10 @@ def _similarity(
     inputs: SimilarityInput, params: SimilarityParameters, limits: RequestLimits
 ) -> SimilarityRequest:
     return SimilarityRequest(
-        texts=[inputs.source_sentence, *_texts(inputs.sentences, "sentences", limits)],
+        texts=[
+            _nonblank(inputs.source_sentence, "'source_sentence'"),
+            *_texts(inputs.sentences, "sentences", limits),
+        ],
         normalize=True,
         truncate=limits.auto_truncate if params.truncate is None else params.truncate,
         side="left" if params.truncation_direction.lower() == "left" else "right",

@@ -76,6 +76,8 @@ HTTP_API = ADAPTERS | {
     "api_keys",
     "request_timeout_s",
     "max_body_bytes",
+    "header_timeout_s",
+    "body_timeout_s",
     "max_inflight_tokens",
     "bytes_per_token",
 }

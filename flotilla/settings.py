@@ -74,6 +74,20 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         default=4_000_000, gt=0, description="Largest request body accepted (413 above)."
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest a connection may take to send a request's headers; past it the "
+        "connection is dropped. Lower frees stalled connections sooner, higher tolerates "
+        "slower links.",
+    )
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest wait for the next piece of a request body; past it the client "
+        "gets 408 and the connection closes. Lower frees stalled connections sooner, higher "
+        "tolerates slower uploads.",
+    )
     max_inputs_per_request: int = Field(
         default=512,
         gt=0,
@@ -271,6 +285,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "api_keys",
         "request_timeout_s",
         "max_body_bytes",
+        "header_timeout_s",
+        "body_timeout_s",
         "max_inputs_per_request",
         "max_inflight_tokens",
         "bytes_per_token",

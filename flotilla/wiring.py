@@ -2,10 +2,10 @@
 
 Each concept is assembled here once (the fleet as configured, the adapter catalog,
 the request limits, the vector store, the model host, the ingest core, the gateway's
-config, logging and the HTTP server), so every command in ``serve``, ``distributed``,
-``ingest`` and ``evaluate`` is a few lines over these builders. The packages below
-(``gateway``, ``embedder``, ``ingest``) never import this module or the settings:
-they take the small objects built here.
+config, logging and the HTTP server, set up in ``flotilla.http_server``), so every
+command in ``serve``, ``distributed``, ``ingest`` and ``evaluate`` is a few lines over
+these builders. The packages below (``gateway``, ``embedder``, ``ingest``) never import
+this module or the settings: they take the small objects built here.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import load_runtime
 from embedder.tuned import load_tuned
 from flotilla import __version__
+from flotilla.http_server import server_config
 from flotilla.logs import quiet_repeats
 from flotilla.settings import Settings
 from flotilla.signals import unless_stopped
@@ -64,6 +65,7 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         request_timeout_s=settings.request_timeout_s,
         max_inflight_tokens=settings.max_inflight_tokens,
         bytes_per_token=settings.bytes_per_token,
+        body_timeout_s=settings.body_timeout_s,
         max_documents_per_request=settings.ingest_max_records,
     )
 
@@ -253,11 +255,10 @@ def configure_logging(settings: Settings) -> None:
 
 
 def run_http(app: FastAPI, settings: Settings) -> None:
-    """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get 10 s to finish."""
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        timeout_graceful_shutdown=10,
-    )
+    """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get 10 s to finish, stalled
+    headers are dropped after --header-timeout-s (``flotilla.http_server``)."""
+    server = uvicorn.Server(server_config(app, settings))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:  # as uvicorn.run: the port was taken, the lifespan failed
+        raise SystemExit(3)

@@ -2,7 +2,8 @@
 
 Only the routing fields (model and adapter, or ``model: "base:adapter"``) are
 decoded; msgspec skips the inputs without building Python objects for them.
-Tokens are estimated from the body size; the worker decodes and tokenizes for real.
+Tokens are estimated from the body size, each text counted at most the model's window;
+the worker decodes and tokenizes for real.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from embedder.adapters import AdapterCatalog
 from embedder.errors import InvalidRequest, TaskNotSupported
 from embedder.fleet import Fleet, ModelSpec
 from embedder.jobs import TASK_OF_SHAPE, ApiShape, EmbedJob, Task, split_model
+from embedder.rawjson import estimate_tokens
 
 
 class _Routing(msgspec.Struct):
@@ -27,6 +29,8 @@ def routing_fields(body: bytes) -> tuple[str | None, str | None]:
         raise InvalidRequest(f"invalid request body: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError:  # Gateway.handle checks the depth first; this is the backstop
+        raise InvalidRequest("the request body nests too deep to decode") from None
     model, adapter = routing.model, routing.adapter
     if model and adapter is None:  # "base:adapter", as the OpenAI route allows
         model, adapter = split_model(model)
@@ -76,4 +80,5 @@ def annotate(
         bytes_per_token=bytes_per_token,
         priority=priority,
         adapter=adapter,
+        est_tokens=estimate_tokens(body, bytes_per_token, spec.max_tokens),
     )

@@ -1,21 +1,26 @@
-"""The FastAPI app: thin handlers over ``Gateway``, one error handler, probes and metrics."""
+"""The FastAPI app: thin handlers over ``Gateway``, the error handlers
+(``gateway.handlers``), probes and metrics; the OpenAPI document of each route comes
+from ``gateway.openapi``."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Annotated
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI, Path, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from embedder.adapters import AdapterCatalog
-from embedder.errors import FlotillaError
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, ModelStates
 from embedder.queue import JobSubmitter
-from gateway import metrics
+from gateway import handlers, metrics
+from gateway.answers import IngestReadiness, Readiness
 from gateway.config import GatewayConfig
 from gateway.documents import add_document_routes
+from gateway.openapi import ApiDocs
+from gateway.schemas import DOCUMENTED, SEARCH
 from gateway.search import CollectionSearch
 from gateway.service import Gateway, ShapeRoute
 from ingest.health import IngestHealth
@@ -36,12 +41,6 @@ ROUTES: dict[str, ApiShape] = {
 }
 
 
-def _error_body(path: str, exc: FlotillaError) -> dict[str, object]:
-    if path.startswith(("/v1/", "/v2/")):  # the OpenAI client reads error.message
-        return {"error": {"message": exc.message, "type": exc.code, "code": exc.http_status}}
-    return {"error": exc.message, "error_type": exc.code}  # TEI's shape
-
-
 def create_app(
     config: GatewayConfig,
     fleet: Fleet,
@@ -57,13 +56,8 @@ def create_app(
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
     catalog = gateway.adapters
     app.state.gateway = gateway
-
-    @app.exception_handler(FlotillaError)
-    async def _flotilla_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, FlotillaError)
-        return JSONResponse(
-            _error_body(request.url.path, exc), status_code=exc.http_status, headers=exc.headers
-        )
+    handlers.install(app)
+    docs = ApiDocs()
 
     def handler(shape: ApiShape) -> Callable[[Request], Awaitable[Response]]:
         route = ShapeRoute(shape)
@@ -75,17 +69,23 @@ def create_app(
         return handle
 
     for path, shape in ROUTES.items():
-        app.add_api_route(path, handler(shape), methods=["POST"], response_class=Response)
+        app.add_api_route(
+            path, handler(shape), methods=["POST"], response_class=Response,
+            **docs.route(path, DOCUMENTED[shape]),
+        )  # fmt: skip
 
     if store is not None:
         search_store = store  # narrowed for the handler below
+        search = "/v1/collections/{name}/search"
 
-        @app.post("/v1/collections/{name}/search", response_class=Response)
-        async def collection_search(request: Request, name: str) -> Response:
+        @app.post(search, response_class=Response, **docs.route(search, SEARCH))
+        async def collection_search(
+            request: Request, name: Annotated[str, Path(examples=["documents"])]
+        ) -> Response:
             return await gateway.handle(request, CollectionSearch(search_store, name))
 
     if ingest is not None:  # the process that owns the store takes documents for it
-        add_document_routes(app, gateway, ingest)
+        add_document_routes(app, gateway, ingest, docs)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:
@@ -117,7 +117,17 @@ def create_app(
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get(
+        "/ready",
+        response_model=None,
+        responses={
+            200: {"model": Readiness},
+            503: {
+                "model": Readiness,
+                "description": "Some model is still loading, or failed to load.",
+            },
+        },
+    )
     async def ready() -> Response:
         """Readiness to serve requests: every model of the fleet is loaded. Ingest, when
         this process runs it, is reported beside (status 'degraded' while it is not
@@ -136,7 +146,17 @@ def create_app(
     if ingest_health is not None:
         kafka_ingest = ingest_health  # narrowed for the handler below
 
-        @app.get("/ready/ingest")
+        @app.get(
+            "/ready/ingest",
+            response_model=None,
+            responses={
+                200: {"model": IngestReadiness},
+                503: {
+                    "model": IngestReadiness,
+                    "description": "Ingest is starting, restarting after a failure, or stopped.",
+                },
+            },
+        )
         async def ready_ingest() -> Response:
             """Ingest's probe: 200 while it consumes, 503 while it starts, restarts or
             has failed (the body says why)."""
@@ -145,11 +165,12 @@ def create_app(
                 ingest_status.describe(), status_code=200 if ingest_status.up else 503
             )
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
         depth = queue.depth()
         for name in fleet.models:
             metrics.QUEUE_DEPTH.labels(name).set(depth.get(name, 0))
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
+    docs.install(app)
     return app

@@ -19,4 +19,5 @@ class GatewayConfig:
     request_timeout_s: float
     max_inflight_tokens: int  # per model
     bytes_per_token: float  # for estimating a body's tokens without parsing it
+    body_timeout_s: float = 10.0  # longest wait for the next piece of a request body (408)
     max_documents_per_request: int = 512  # the documents routes' batches

@@ -35,7 +35,11 @@ from fastapi.responses import JSONResponse, Response
 
 from embedder.errors import FlotillaError, InvalidRequest, LimitExceeded, ModelNotFound
 from embedder.jobs import split_model
+from embedder.rawjson import check_depth
 from gateway import metrics
+from gateway.answers import DocumentsDeleted
+from gateway.openapi import ApiDocs
+from gateway.schemas import DELETE, UPSERT
 from gateway.service import Gateway
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import COLLECTION_HEADER, MODEL_HEADER, SourceRef
@@ -73,6 +77,7 @@ class CollectionDocuments:
         with self._counted(request) as seen:
             self.gateway.authorize(request)
             body = await self.gateway.read_body(request)
+            check_depth(body)
             upsert = self._decode(body, _UpsertBody, UPSERT_SHAPE)
             self._check_count(len(upsert.documents), "documents")
             spec = await self._existing(collection)
@@ -95,6 +100,7 @@ class CollectionDocuments:
         with self._counted(request):
             self.gateway.authorize(request)
             body = await self.gateway.read_body(request)
+            check_depth(body)
             ids = self._decode(body, _DeleteBody, '{"ids": [str, ...]}').ids
             self._check_count(len(ids), "ids")
             return await self._delete(collection, ids)
@@ -182,10 +188,8 @@ class CollectionDocuments:
     def _admitted(self, model: str, body: bytes) -> Iterator[None]:
         gateway = self.gateway
         budget = f"{model} (documents)"  # a budget apart from the model's online requests
-        tokens = math.ceil(len(body) / gateway.config.bytes_per_token)
-        with gateway.admission.admit(budget, tokens, gateway.rates.rate(budget, time.time())):
+        with gateway.admission.admit(budget, math.ceil(len(body) / gateway.config.bytes_per_token)):
             yield
-        gateway.rates.add(budget, tokens, time.time())
 
     @staticmethod
     @contextlib.contextmanager
@@ -239,17 +243,19 @@ def _answer(
     return JSONResponse(body)
 
 
-def add_document_routes(app: FastAPI, gateway: Gateway, core: IngestCore) -> None:
+def add_document_routes(app: FastAPI, gateway: Gateway, core: IngestCore, docs: ApiDocs) -> None:
     documents = CollectionDocuments(gateway, core)
+    upsert, delete = "/v1/collections/{name}/documents", "/v1/collections/{name}/documents/delete"
+    one = "/v1/collections/{name}/documents/{doc_id:path}"
 
-    @app.post("/v1/collections/{name}/documents", response_class=Response)
+    @app.post(upsert, response_class=Response, **docs.route(upsert, UPSERT))
     async def upsert_documents(request: Request, name: str) -> Response:
         return await documents.upsert(request, name)
 
-    @app.post("/v1/collections/{name}/documents/delete", response_class=Response)
+    @app.post(delete, response_class=Response, **docs.route(delete, DELETE))
     async def delete_documents(request: Request, name: str) -> Response:
         return await documents.delete_many(request, name)
 
-    @app.delete("/v1/collections/{name}/documents/{doc_id:path}", response_class=Response)
+    @app.delete(one, response_class=Response, **docs.answers(one, DocumentsDeleted))
     async def delete_document(request: Request, name: str, doc_id: str) -> Response:
         return await documents.delete_one(request, name, doc_id)

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from embedder.codecs import decode_raw_vectors, raw_vectors_body
 from embedder.errors import InvalidRequest
 from embedder.jobs import ApiShape, EmbedJob, JobResult, split_model
+from embedder.rawjson import estimate_tokens
 from gateway.service import Gateway
 from ingest.store import VectorStore
 
@@ -43,17 +44,22 @@ class CollectionSearch:
         spec = await self.store.describe(self.collection)  # CollectionNotFound: 404
         self.model = spec.model
         model, adapter = split_model(spec.model)  # a collection may be embedded with an adapter
+        # A query longer than the model's window is cut rather than refused; a model
+        # with prompts gets its query prompt (e5: "query: ") before it.
+        query = raw_vectors_body([search.query], truncate=True, use="query")
+        bytes_per_token = gateway.config.bytes_per_token
+        served = gateway.fleet.models.get(model)  # None: check_ready answers for it
+        tokens = estimate_tokens(query, bytes_per_token, served.max_tokens) if served else None
         job = EmbedJob.new(
             model,
             ApiShape.RAW_VECTORS,
-            # A query longer than the model's window is cut rather than refused; a model
-            # with prompts gets its query prompt (e5: "query: ") before it.
-            raw_vectors_body([search.query], truncate=True, use="query"),
+            query,
             now=now,
             timeout_s=gateway.timeout_s(request),
-            bytes_per_token=gateway.config.bytes_per_token,
+            bytes_per_token=bytes_per_token,
             priority=gateway.priority(request),
             adapter=adapter,
+            est_tokens=tokens,
         )
         return job
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from embedder.adapters import AdapterCatalog
@@ -26,15 +27,14 @@ from embedder.errors import (
 from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, EmbedJob, JobResult, ModelStates
 from embedder.queue import JobSubmitter
+from embedder.rawjson import check_depth
 from gateway import metrics
-from gateway.admission import Admission, RateMeter
+from gateway.admission import Admission
 from gateway.annotate import annotate
 from gateway.config import GatewayConfig
+from gateway.errors import BodyTimeout, ClientGone
 
-
-class ClientGone(FlotillaError):
-    http_status = 499
-    code = "client_closed_request"
+log = logging.getLogger(__name__)
 
 
 class Route(Protocol):
@@ -89,8 +89,7 @@ class Gateway:
         self.queue = queue
         self.states = states
         self.clock = clock
-        self.admission = Admission(config.max_inflight_tokens)
-        self.rates = RateMeter()
+        self.admission = Admission(config.max_inflight_tokens, clock=clock)
 
     async def handle(self, request: Request, route: Route) -> Response:
         # The route's template, not the path: /v1/collections/{name}/search is one label.
@@ -101,11 +100,16 @@ class Gateway:
         try:
             self.authorize(request)
             body = await self.read_body(request)
+            check_depth(body)  # before anything decodes it: a decoder recurses per level
             job = await route.job(self, request, body, start)
             model = job.model
             self.check_ready(model)
             result = await route.respond(job, await self.run(request, job))
             status = 200
+        except ClientGone as exc:
+            status = exc.http_status
+            log.debug("%s %s: %s", request.method, request.url.path, exc.message)
+            raise
         except FlotillaError as exc:
             status = exc.http_status
             raise
@@ -127,16 +131,13 @@ class Gateway:
         return Response(content=result.body, media_type=result.media_type, headers=headers)
 
     async def run(self, request: Request, job: EmbedJob) -> JobResult:
-        rate = self.rates.rate(job.model, self.clock())
-        with self.admission.admit(job.model, job.est_tokens, rate):
+        with self.admission.admit(job.model, job.est_tokens):
             metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
             try:
                 future = await self.queue.put(job)
-                result = await self.wait(request, job, future)
+                return await self.wait(request, job, future)
             finally:
                 metrics.INFLIGHT_TOKENS.labels(job.model).dec(job.est_tokens)
-        self.rates.add(job.model, job.est_tokens, self.clock())
-        return result
 
     async def wait(
         self, request: Request, job: EmbedJob, future: asyncio.Future[JobResult]
@@ -189,7 +190,24 @@ class Gateway:
             raise too_big
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        stream = aiter(request.stream())
+        while True:
+            try:
+                async with asyncio.timeout(self.config.body_timeout_s):
+                    chunk = await anext(stream)
+            except StopAsyncIteration:
+                break
+            except TimeoutError:
+                raise BodyTimeout(
+                    f"the request body stopped arriving: nothing for "
+                    f"{self.config.body_timeout_s:g} s after {size} bytes"
+                    + (f" of {declared}" if declared is not None else "")
+                    + ": send the whole body, or raise --body-timeout-s (FLOTILLA_BODY_TIMEOUT_S)"
+                ) from None
+            except ClientDisconnect:
+                raise ClientGone(
+                    f"the client left after sending {size} bytes of the body"
+                ) from None
             size += len(chunk)
             if size > limit:
                 raise too_big

@@ -40,13 +40,24 @@ class Tokenizing:
                     types[i] = cut_types
         elif over:
             tok.truncation_side = side  # type: ignore[attr-defined]
-            cut = tok(  # type: ignore[operator]
+            pairs = (
                 [first[i] for i in over],
                 [second[i] for i in over] if second is not None else None,
-                add_special_tokens=True,
-                truncation="only_second" if second is not None else True,
-                max_length=limit,
             )
+            try:
+                cut = tok(  # type: ignore[operator]
+                    *pairs,
+                    add_special_tokens=True,
+                    truncation="only_second" if second is not None else True,
+                    max_length=limit,
+                )
+            except Exception:  # HF raises a bare Exception ("Sequence ... too short")
+                if second is None:
+                    raise
+                # A query that fills the window alone leaves no document to cut: cut both.
+                cut = tok(  # type: ignore[operator]
+                    *pairs, add_special_tokens=True, truncation="longest_first", max_length=limit
+                )
             for j, i in enumerate(over):
                 ids[i] = cut["input_ids"][j]
                 if types is not None:

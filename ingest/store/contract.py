@@ -266,6 +266,9 @@ def check_limit(limit: int) -> int:
     return limit
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def check_filter(filter: PayloadFilter | None) -> list[Condition]:
     """Validate the flat equality filter into conditions each engine translates."""
     if not filter:
@@ -276,6 +279,11 @@ def check_filter(filter: PayloadFilter | None) -> list[Condition]:
     for key, value in filter.items():
         if not isinstance(key, str) or not key:
             raise InvalidStoreRequest(f"filter key {key!r} must be a non-empty payload path")
+        for number in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(number, int) and not _INT64[0] <= number <= _INT64[1]:
+                raise InvalidStoreRequest(  # the engines match 64-bit integers only
+                    f"filter {key!r}: {number} is outside the 64-bit integer range"
+                )
         if isinstance(value, str | bool | int):
             conditions.append((key, value))
         elif isinstance(value, AtLeast):

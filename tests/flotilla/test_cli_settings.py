@@ -46,7 +46,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("tuned_file", "untuned"),
             *("max_inputs_per_request", "auto_truncate"),
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
-            "bytes_per_token",
+            *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
             *("collection", "ingest_max_text_bytes", "ingest_model"),
@@ -61,7 +61,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         {
             *("host", "port", "log_level", "fleet", "adapters_dir", "data_dir"),
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
-            "bytes_per_token",
+            *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "request_topic", "request_partitions", "status_topic"),
             *("kafka_max_message_bytes", "reply_topic_prefix", "gateway_id"),

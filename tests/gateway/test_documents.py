@@ -204,7 +204,7 @@ async def test_a_body_nested_too_deep_is_refused_not_a_crash(server: Server) -> 
         ROUTE, content=body, headers={"content-type": "application/json"}
     )
     assert response.status_code == 422, response.text
-    assert "nests too deeply" in response.json()["error"]["message"]
+    assert "levels deep" in response.json()["error"]["message"]
 
 
 async def test_counted_per_route_template(server: Server) -> None:

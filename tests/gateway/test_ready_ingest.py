@@ -65,3 +65,17 @@ async def test_without_ingest_there_is_no_ingest_probe() -> None:
         await asyncio.wait_for(host.wait_ready(), 10)
         assert "ingest" not in (await client.get("/ready")).json()
         assert (await client.get("/ready/ingest")).status_code == 404
+
+
+async def test_the_served_openapi_describes_the_ingest_probe() -> None:
+    fleet = fake_fleet_with_reranker("alpha")
+    queue = RecordingQueue()
+    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=Loader())
+    app = create_app(gateway_config(Settings()), fleet, queue, host, ingest_health=Health())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        spec = (await client.get("/openapi.json")).json()
+    probe = spec["paths"]["/ready/ingest"]["get"]["responses"]
+    assert set(probe) >= {"200", "503"}
+    readiness = spec["components"]["schemas"]["Readiness"]["properties"]
+    assert "degraded" in readiness["status"]["enum"] and "ingest" in readiness

@@ -391,7 +391,11 @@ def hits_ids(hits: list[Hit]) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"score": 0.5}, {"a": {"b": 1}}, {"a": []}, {"a": ["x", 1]}, {"a": None}, {"": "x"}]
+    "bad",
+    [
+        *({"score": 0.5}, {"a": {"b": 1}}, {"a": []}, {"a": ["x", 1]}, {"a": None}, {"": "x"}),
+        *({"n": 2**63}, {"n": [1, -(2**63) - 1]}),  # beyond what the engines match: no crash
+    ],
 )
 async def test_unmatchable_filters_are_refused(
     store: VectorStore, coll: str, bad: dict[str, Any]

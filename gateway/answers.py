@@ -1,0 +1,192 @@
+"""What the routes answer, as the OpenAPI document describes it: each route's 200 body,
+and the two error shapes (``gateway.errors.error_shape`` picks one by path).
+
+Documentation only, as ``gateway.schemas`` is: the worker's codecs write these bodies,
+and the schema fuzzer (tests/gateway/test_fuzz.py) checks every answer against them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+# -- OpenAI, TEI, Cohere v1 -------------------------------------------------------------
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str = Field(description="Floats, or base64 little-endian float32.")
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingsResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: OpenAIUsage
+
+
+class TEIRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class CohereText(BaseModel):
+    text: str
+
+
+class CohereResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: CohereText | None = None
+
+
+class CohereUsage(BaseModel):
+    total_tokens: int
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    model: str
+    results: list[CohereResult]
+    usage: CohereUsage
+
+
+# -- Cohere v2 ---------------------------------------------------------------------------
+
+
+class CohereApiVersion(BaseModel):
+    version: str
+
+
+class CohereBilledUnits(BaseModel):
+    input_tokens: int
+
+
+class CohereMeta(BaseModel):
+    api_version: CohereApiVersion
+    billed_units: CohereBilledUnits
+
+
+class CohereEmbeddings(BaseModel):
+    """One list per asked embedding type, a row per text."""
+
+    float_: list[list[float]] | None = Field(default=None, alias="float")
+    int8: list[list[int]] | None = None
+    uint8: list[list[int]] | None = None
+    binary: list[list[int]] | None = None
+    ubinary: list[list[int]] | None = None
+    base64: list[str] | None = None
+
+
+class CohereEmbedV2Response(BaseModel):
+    id: str
+    embeddings: CohereEmbeddings
+    texts: list[str]
+    meta: CohereMeta
+    response_type: Literal["embeddings_by_type"]
+
+
+class CohereV2Result(BaseModel):
+    index: int
+    relevance_score: float
+
+
+class CohereRerankV2Response(BaseModel):
+    id: str
+    results: list[CohereV2Result]
+    meta: CohereMeta
+
+
+# -- collections -------------------------------------------------------------------------
+
+
+class SearchHit(BaseModel):
+    id: str
+    score: float
+    payload: dict[str, object] | None
+
+
+class SearchUsage(BaseModel):
+    prompt_tokens: int
+
+
+class SearchResponse(BaseModel):
+    collection: str
+    model: str
+    results: list[SearchHit]
+    usage: SearchUsage
+
+
+class DocumentRejected(BaseModel):
+    message: str = Field(description="Why the document was not stored; the rest were.")
+    type: Literal["document_rejected"]
+
+
+class DocumentOutcome(BaseModel):
+    index: int = Field(description="The document's position in the request.")
+    id: str | None
+    status: Literal["upserted", "deleted", "failed"]
+    error: DocumentRejected | None = None
+
+
+class DocumentsUpserted(BaseModel):
+    collection: str
+    model: str
+    upserted: int
+    failed: int
+    results: list[DocumentOutcome]
+
+
+class DocumentsDeleted(BaseModel):
+    collection: str
+    deleted: int
+    failed: int
+    results: list[DocumentOutcome]
+
+
+# -- probes ------------------------------------------------------------------------------
+
+
+class IngestReadiness(BaseModel):
+    """The Kafka ingest of this process (``serve --kafka --topic``)."""
+
+    state: Literal["starting", "running", "restarting", "failed", "stopped"]
+    topic: str
+    restarts: int = Field(description="Times the ingest loop failed and was restarted.")
+    last_error: str | None = Field(description="Why the last run failed, until one runs again.")
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not_ready", "degraded"] = Field(
+        description="'degraded': the models serve, but this process's ingest is not running."
+    )
+    models: dict[str, Literal["loading", "ready", "failed"]]
+    ingest: IngestReadiness | None = Field(
+        default=None, description="Present when this process runs Kafka ingest."
+    )
+
+
+# -- errors, in each route's shape ---------------------------------------------------------
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str = Field(description="What went wrong and which setting or field changes it.")
+    type: str = Field(description="The error's class, e.g. invalid_request, overloaded.")
+    code: int = Field(description="The HTTP status.")
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+class TEIError(BaseModel):
+    error: str = Field(description="What went wrong and which setting or field changes it.")
+    error_type: str = Field(description="The error's class, e.g. invalid_request, overloaded.")
