@@ -93,7 +93,7 @@ RECORDS = CHUNKING | {
     "auto_truncate",
 }
 # wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`).
-KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records"})
+KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records", "dlq_create"})
 # flotilla.progress: the plain lines of a long command whose output is not a terminal.
 PROGRESS = frozenset({"progress_interval_s"})
 # Both halves of the Kafka work queue and the worker heartbeats.

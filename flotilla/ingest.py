@@ -18,19 +18,24 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from flotilla import wiring
+from flotilla.logs import quiet_repeats
 from flotilla.progress import Progress, Tally
 from flotilla.settings import Settings
 from flotilla.signals import stop_event
 from ingest.kafka_source import TopicMissing, dlq_topic
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef
+from ingest.supervisor import IngestSupervisor
 
 
 async def consume(settings: Settings) -> None:
-    """Consume --topic until SIGINT/SIGTERM, then drain the chunk in flight and commit."""
+    """Consume --topic until SIGINT/SIGTERM, then drain the chunk in flight and commit. A
+    failed run (the broker gone for longer than the client waits, say) is restarted with
+    backoff; a missing topic ends the command with what to do."""
     if not (settings.kafka and settings.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
+    quiet_repeats()  # a broker outage is a few lines on stderr, not ten a second
     with contextlib.suppress(wiring.Stopped):
         async with wiring.running_stack(
             settings, stop, models=wiring.ingest_models(settings), claim=[settings.collection]
@@ -56,13 +61,13 @@ async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) ->
         note=lambda: f"lag {sum(source.lag.values())}",
     )
     async with progress:
-        async with source:
-            running = asyncio.ensure_future(source.wait())
+        async with IngestSupervisor(source, fatal=(TopicMissing,)) as supervisor:
+            running = asyncio.ensure_future(supervisor.wait())
             while not (running.done() or stop.is_set()):
                 await asyncio.wait({running}, timeout=1.0)
                 progress.set(tally())
             if running.done():
-                running.result()  # re-raise what stopped the source
+                running.result()  # re-raise what stopped the supervisor (a missing topic)
             running.cancel()
         progress.set(tally())  # with the chunk drained at the stop
     dead = f"; reasons in topic {dlq_topic(source.topic)}" if source.totals.dead_lettered else ""
@@ -76,7 +81,10 @@ def read_records(path: Path) -> Iterator[RawRecord]:
         import pyarrow.parquet as pq
 
         for number, row in enumerate(pq.read_table(path).to_pylist()):
-            value = json.dumps({k: v for k, v in row.items() if v is not None}).encode()
+            # default=str: a column JSON cannot hold (bytes, dates) still makes a record,
+            # which the record contract then accepts or dead-letters with its reason.
+            fields = {k: v for k, v in row.items() if v is not None}
+            value = json.dumps(fields, default=str).encode()
             yield RawRecord(None, value, (), SourceRef(str(path), 0, number))
         return
     with path.open("rb") as lines:
@@ -116,7 +124,8 @@ class DeadLetterFile:
         self.count = 0
 
     def write(self, entries: Sequence[tuple[RawRecord, str]]) -> None:
-        with self.path.open("a", encoding="utf-8") as out:
+        # errors="replace": a reason quoting undecodable input still writes its line.
+        with self.path.open("a", encoding="utf-8", errors="replace") as out:
             for record, reason in entries:
                 value = (record.value or b"").decode("utf-8", errors="replace")
                 entry = {"line": record.source.offset, "reason": reason, "value": value}

@@ -1,6 +1,7 @@
 """`flotilla serve`: one process with the gateway, the in-process queue and a worker
 on this device, the vector store for search, and, when --kafka and --topic are set,
-Kafka ingestion feeding the same worker."""
+Kafka ingestion feeding the same worker: supervised, so a failed ingest loop restarts
+with backoff while the API keeps serving, and /ready and /metrics say so."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from embedder.errors import FlotillaError
 from flotilla import wiring
 from flotilla.settings import Settings
 from gateway.app import create_app
+from ingest.supervisor import IngestSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -23,16 +24,14 @@ def build_app(settings: Settings) -> FastAPI:
     stack = wiring.local_stack(settings, serving_url=wiring.server_url(settings))
     host = stack.host
     ingesting = bool(settings.kafka and settings.topic)
-    source = wiring.kafka_source(settings, stack.core) if ingesting else None
+    ingest = IngestSupervisor(wiring.kafka_source(settings, stack.core)) if ingesting else None
 
     async def ingest_when_ready() -> None:
         await host.wait_ready()
-        if source is not None:
-            try:
-                await source.start()
-            except FlotillaError as exc:  # the service still embeds; say why nothing ingests
-                log.error("not ingesting: %s", exc.message)
-                return
+        if ingest is not None:
+            # Failures, a missing topic included, are retried with backoff: the service
+            # still embeds, /ready says why nothing ingests, creating the topic heals it.
+            await ingest.start()
             log.info("ingesting %s into %s", settings.topic, settings.collection)
 
     @contextlib.asynccontextmanager
@@ -43,8 +42,8 @@ def build_app(settings: Settings) -> FastAPI:
                 yield
             finally:
                 starting.cancel()
-                if source is not None:
-                    await source.stop()  # drains the chunk in flight and commits
+                if ingest is not None:
+                    await ingest.stop()  # drains the chunk in flight and commits
 
     app = create_app(
         wiring.gateway_config(settings),
@@ -55,6 +54,7 @@ def build_app(settings: Settings) -> FastAPI:
         store=stack.store,
         adapters=stack.adapters,
         ingest=stack.core,
+        ingest_health=ingest,
     )
     app.state.host = host
     return app

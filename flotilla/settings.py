@@ -200,6 +200,12 @@ class Settings(BaseSettings):
         description="Seconds between the plain progress lines a long command prints when its "
         "output is not a terminal (a log, CI, a pipe); a terminal gets a live bar instead.",
     )
+    dlq_create: bool = Field(
+        default=True,
+        description="Create the dead-letter topic <topic>.dlq at start when it is missing "
+        "(with the topic's partition count). Off: a missing one stops ingest at start, for "
+        "clusters where only their owners create topics.",
+    )
 
     # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
     worker_port: int = Field(
@@ -300,6 +306,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "kafka",
         "topic",
         "group",
+        "dlq_create",
         "request_topic",
         "request_partitions",
         "reply_topic_prefix",

@@ -31,6 +31,7 @@ from embedder.runtimes import load_runtime
 from embedder.tuned import load_tuned
 from flotilla import __version__
 from flotilla.http_server import server_config
+from flotilla.logs import quiet_repeats
 from flotilla.settings import Settings
 from flotilla.signals import unless_stopped
 from gateway.config import GatewayConfig
@@ -242,6 +243,7 @@ def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:
         topic=settings.topic,
         group=settings.group,
         max_records=settings.ingest_max_records,
+        dlq_create=settings.dlq_create,
     )
 
 
@@ -249,6 +251,7 @@ def configure_logging(settings: Settings) -> None:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    quiet_repeats()  # the Kafka client's retries, once per half minute
 
 
 def run_http(app: FastAPI, settings: Settings) -> None:

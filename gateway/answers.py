@@ -155,9 +155,23 @@ class DocumentsDeleted(BaseModel):
 # -- probes ------------------------------------------------------------------------------
 
 
+class IngestReadiness(BaseModel):
+    """The Kafka ingest of this process (``serve --kafka --topic``)."""
+
+    state: Literal["starting", "running", "restarting", "failed", "stopped"]
+    topic: str
+    restarts: int = Field(description="Times the ingest loop failed and was restarted.")
+    last_error: str | None = Field(description="Why the last run failed, until one runs again.")
+
+
 class Readiness(BaseModel):
-    status: Literal["ready", "not_ready"]
+    status: Literal["ready", "not_ready", "degraded"] = Field(
+        description="'degraded': the models serve, but this process's ingest is not running."
+    )
     models: dict[str, Literal["loading", "ready", "failed"]]
+    ingest: IngestReadiness | None = Field(
+        default=None, description="Present when this process runs Kafka ingest."
+    )
 
 
 # -- errors, in each route's shape ---------------------------------------------------------

@@ -16,13 +16,14 @@ from embedder.fleet import Fleet
 from embedder.jobs import ApiShape, ModelStates
 from embedder.queue import JobSubmitter
 from gateway import handlers, metrics
-from gateway.answers import Readiness
+from gateway.answers import IngestReadiness, Readiness
 from gateway.config import GatewayConfig
 from gateway.documents import add_document_routes
 from gateway.openapi import ApiDocs
 from gateway.schemas import DOCUMENTED, SEARCH
 from gateway.search import CollectionSearch
 from gateway.service import Gateway, ShapeRoute
+from ingest.health import IngestHealth
 from ingest.pipeline import IngestCore
 from ingest.store import VectorStore
 
@@ -49,6 +50,7 @@ def create_app(
     store: VectorStore | None = None,
     adapters: AdapterCatalog | None = None,
     ingest: IngestCore | None = None,
+    ingest_health: IngestHealth | None = None,
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
@@ -127,13 +129,41 @@ def create_app(
         },
     )
     async def ready() -> Response:
-        """Readiness: every model of the fleet is loaded."""
+        """Readiness to serve requests: every model of the fleet is loaded. Ingest, when
+        this process runs it, is reported beside (status 'degraded' while it is not
+        running) without failing the probe: a Kafka outage must not take the API of
+        every replica out of its load balancer. /ready/ingest is ingest's own probe."""
         model_states = {name: states.state(name) for name in fleet.models}
         ok = all(state == "ready" for state in model_states.values())
-        return JSONResponse(
-            {"status": "ready" if ok else "not_ready", "models": model_states},
-            status_code=200 if ok else 503,
+        body: dict[str, object] = {"status": "ready" if ok else "not_ready", "models": model_states}
+        if ingest_health is not None:
+            ingest_status = ingest_health.status()
+            body["ingest"] = ingest_status.describe()
+            if ok and not ingest_status.up:
+                body["status"] = "degraded"
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    if ingest_health is not None:
+        kafka_ingest = ingest_health  # narrowed for the handler below
+
+        @app.get(
+            "/ready/ingest",
+            response_model=None,
+            responses={
+                200: {"model": IngestReadiness},
+                503: {
+                    "model": IngestReadiness,
+                    "description": "Ingest is starting, restarting after a failure, or stopped.",
+                },
+            },
         )
+        async def ready_ingest() -> Response:
+            """Ingest's probe: 200 while it consumes, 503 while it starts, restarts or
+            has failed (the body says why)."""
+            ingest_status = kafka_ingest.status()
+            return JSONResponse(
+                ingest_status.describe(), status_code=200 if ingest_status.up else 503
+            )
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:

@@ -3,10 +3,14 @@ in, the store written and every poison dead-lettered, or an exception and nothin
 acknowledged.
 
 Order within a chunk: parse -> split into passages -> embed -> check collections ->
-dead-letter the poison -> write the last operation per document -> (the caller
-commits). Because point ids derive from (collection, document id, passage index), a
-chunk that is processed twice (a crash before its commit) writes the same points
-again: nothing is duplicated.
+dead-letter the poison -> write the last operation per document -> dead-letter what
+the store refused -> (the caller commits). Every failure that belongs to one record
+(its bytes, its passages, its embedding, its collection, its points) dead-letters
+that record; only a failure of the whole chunk (the store down past the deadline,
+the dead-letter topic unreachable) raises, and then nothing is acknowledged. Because
+point ids derive from (collection, document id, passage index), a chunk that is
+processed twice (a crash before its commit) writes the same points again: nothing is
+duplicated.
 
 **Replacing a document** writes its passages 0..n-1 (overwriting the same ids), then
 deletes its points with ``chunk_index >= n``: what is left of a longer earlier version.
@@ -18,7 +22,6 @@ again, so the store converges. A tombstone deletes every point of its document (
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -41,10 +44,10 @@ from ingest.records import (
 )
 from ingest.store import (
     AtLeast,
-    CollectionModelMismatch,
     CollectionNotFound,
     Distance,
     Point,
+    StoreError,
     VectorStore,
     chunk_point_id,
 )
@@ -61,7 +64,7 @@ UPSERT_BATCH_POINTS = 1024
 class RawRecord:
     key: bytes | None
     value: bytes | None
-    headers: tuple[tuple[str, bytes], ...]
+    headers: tuple[tuple[str, bytes | None], ...]
     source: SourceRef
 
 
@@ -73,6 +76,7 @@ class ChunkReport:
     dead_lettered: int = 0
     tokens: int = 0
     poisons: list[tuple[RawRecord, str]] = field(default_factory=list)
+    reasons: dict[str, int] = field(default_factory=dict)  # Poison.code -> dead letters
 
 
 DeadLetter = Callable[[Sequence[tuple[RawRecord, str]]], Awaitable[None]]
@@ -130,11 +134,14 @@ class IngestCore:
         poisons: list[tuple[RawRecord, str]] = [
             (by_source[p.source], p.reason) for p in parsed if isinstance(p, Poison)
         ]
+        codes = {p.source: p.code for p in parsed if isinstance(p, Poison)}
         upserts = [p for p in parsed if isinstance(p, Upsert)]
         passages = await asyncio.to_thread(self._split, upserts, poisons, by_source)
+        codes.update((r.source, "split_failed") for r, _ in poisons if r.source not in codes)
         vectors = await self._embed(
             [u for u in upserts if u.source in passages], passages, poisons, by_source
         )
+        codes.update((r.source, "embedding_failed") for r, _ in poisons if r.source not in codes)
         operations: list[Operation] = []
         for op in parsed:
             if isinstance(op, Delete) or (isinstance(op, Upsert) and op.source in vectors):
@@ -143,11 +150,22 @@ class IngestCore:
         # an earlier good write of the same document.
         live_upserts, deletes = last_writes(operations)
         live_upserts = await self._check_collections(live_upserts, vectors, poisons, by_source)
+        codes.update((r.source, "collection_refused") for r, _ in poisons if r.source not in codes)
         if poisons:
             await dead_letter(poisons)
-            report.dead_lettered = len(poisons)
-            report.poisons = poisons
-        await self._write(live_upserts, deletes, passages, vectors)
+        refused = await self._write(live_upserts, deletes, passages, vectors)
+        if refused:
+            await dead_letter([(by_source[op.source], reason) for op, reason in refused])
+            poisons += [(by_source[op.source], reason) for op, reason in refused]
+            codes.update((op.source, "store_refused") for op, _ in refused)
+            gone = {op.source for op, _ in refused}
+            live_upserts = [op for op in live_upserts if op.source not in gone]
+            deletes = [op for op in deletes if op.source not in gone]
+        report.dead_lettered = len(poisons)
+        report.poisons = poisons
+        for record, _ in poisons:
+            code = codes.get(record.source, "invalid_record")
+            report.reasons[code] = report.reasons.get(code, 0) + 1
         report.upserted = len(live_upserts)
         report.passages = sum(len(passages[op.source]) for op in live_upserts)
         report.deleted = len(deletes)
@@ -237,7 +255,10 @@ class IngestCore:
                             op.model,
                         )
                         self._collections[op.collection] = (op.model, dimension)
-                    except CollectionModelMismatch as exc:
+                    except StoreError as exc:
+                        if exc.retriable:  # still failing at the deadline: the chunk fails
+                            raise
+                        # The model guard, a name the store refuses: these records' fault.
                         refused[op.collection] = exc.message
                 if op.collection in refused:
                     poisons.append((by_source[op.source], refused[op.collection]))
@@ -251,31 +272,38 @@ class IngestCore:
         deletes: list[Delete],
         passages: dict[SourceRef, list[Passage]],
         vectors: dict[SourceRef, list[list[float]]],
-    ) -> None:
-        by_collection: dict[str, list[Point]] = {}
+    ) -> list[tuple[Operation, str]]:
+        """Writes the chunk; returns the operations the store refused, each with the
+        reason. A document with a passage the store refuses is refused whole, and what
+        was written of it is deleted again: it is stored complete or not at all."""
+        by_collection: dict[str, list[tuple[Upsert, Point]]] = {}
+        for op in upserts:
+            parts = passages[op.source]
+            by_collection.setdefault(op.collection, []).extend(
+                (
+                    op,
+                    Point(
+                        id=chunk_point_id(op.collection, op.doc_id, part.index),
+                        vector=vector,
+                        payload=_payload(op, part, len(parts)),
+                    ),
+                )
+                for part, vector in zip(parts, vectors[op.source], strict=True)
+            )
+        refused: dict[SourceRef, tuple[Operation, str]] = {}
+        for collection, writes in by_collection.items():
+            for start in range(0, len(writes), UPSERT_BATCH_POINTS):
+                for op, reason in await self._upsert(
+                    collection, writes[start : start + UPSERT_BATCH_POINTS]
+                ):
+                    refused.setdefault(op.source, (op, reason))
         # Per collection, the documents by their new passage count: one delete of what
         # lies past that count serves all of them.
         counts: dict[str, dict[int, list[str]]] = {}
         for op in upserts:
-            parts = passages[op.source]
-            by_collection.setdefault(op.collection, []).extend(
-                Point(
-                    id=chunk_point_id(op.collection, op.doc_id, part.index),
-                    vector=vector,
-                    payload=_payload(op, part, len(parts)),
-                )
-                for part, vector in zip(parts, vectors[op.source], strict=True)
-            )
-            counts.setdefault(op.collection, {}).setdefault(len(parts), []).append(op.doc_id)
-        for collection, points in by_collection.items():
-            for start in range(0, len(points), UPSERT_BATCH_POINTS):
-                batch = points[start : start + UPSERT_BATCH_POINTS]
-                await self.backoff.run(
-                    f"upserting {len(batch)} points into {collection}",
-                    self.store.upsert,
-                    collection,
-                    batch,
-                )
+            if op.source not in refused:
+                by_count = counts.setdefault(op.collection, {})
+                by_count.setdefault(len(passages[op.source]), []).append(op.doc_id)
         for collection, by_count in counts.items():
             for count, doc_ids in by_count.items():
                 await self.backoff.run(
@@ -284,18 +312,53 @@ class IngestCore:
                     collection,
                     {"doc_id": doc_ids, "chunk_index": AtLeast(count)},
                 )
-        deletes_by_collection: dict[str, list[str]] = {}
+        deletes_by_collection: dict[str, list[Operation]] = {}
         for gone in deletes:
-            deletes_by_collection.setdefault(gone.collection, []).append(gone.doc_id)
-        for collection, doc_ids in deletes_by_collection.items():
-            # A collection never written to has nothing to delete.
-            with contextlib.suppress(CollectionNotFound):
+            deletes_by_collection.setdefault(gone.collection, []).append(gone)
+        for written, _ in refused.values():  # what was written of a refused document
+            deletes_by_collection.setdefault(written.collection, []).append(written)
+        for collection, ops in deletes_by_collection.items():
+            doc_ids = list(dict.fromkeys(each.doc_id for each in ops))
+            try:
                 await self.backoff.run(
                     f"deleting {len(doc_ids)} documents from {collection}",
                     self.store.delete_matching,
                     collection,
                     {"doc_id": doc_ids},
                 )
+            except CollectionNotFound:
+                pass  # a collection never written to has nothing to delete
+            except StoreError as exc:
+                if exc.retriable:
+                    raise
+                for refused_op in ops:
+                    reason = f"the store refused the delete: {exc.message}"
+                    refused.setdefault(refused_op.source, (refused_op, reason))
+        return list(refused.values())
+
+    async def _upsert(
+        self, collection: str, writes: list[tuple[Upsert, Point]]
+    ) -> list[tuple[Upsert, str]]:
+        """Upserts the points; when the store refuses the batch for good (a payload it
+        cannot hold, say), halves it until each refused point stands alone and returns
+        those with the reason: one bad point costs a few more writes, not the chunk."""
+        try:
+            await self.backoff.run(
+                f"upserting {len(writes)} points into {collection}",
+                self.store.upsert,
+                collection,
+                [point for _, point in writes],
+            )
+        except StoreError as exc:
+            if exc.retriable:  # still failing at the deadline: the chunk fails
+                raise
+            if len(writes) == 1:
+                return [(writes[0][0], f"the store refused the point: {exc.message}")]
+            half = len(writes) // 2
+            return await self._upsert(collection, writes[:half]) + await self._upsert(
+                collection, writes[half:]
+            )
+        return []
 
 
 def _payload(op: Upsert, part: Passage, count: int) -> dict[str, Any]:

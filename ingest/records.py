@@ -5,20 +5,29 @@
   text (the key is then the id). A null value (tombstone) deletes the document.
 - headers ``flotilla-collection`` and ``flotilla-model`` override the value's fields.
 
-Anything else becomes a ``Poison`` with a reason, bound for the dead-letter topic:
-a bad record never blocks its partition and is never silently dropped.
+Anything else becomes a ``Poison`` with a reason and a stable ``code`` (the metrics'
+label), bound for the dead-letter topic: a bad record never blocks its partition and
+is never silently dropped. ``parse_record`` is total: whatever the bytes (nesting a
+thousand levels deep, invalid UTF-8 anywhere, headers without values), it returns,
+never raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
+from embedder.errors import FlotillaError
+from ingest.store.contract import check_collection_name
+
 COLLECTION_HEADER = "flotilla-collection"
 MODEL_HEADER = "flotilla-model"
+# Metadata nested deeper than this is refused: stores and JSON encoders recurse per level
+# (qdrant-client fails near 500). Elasticsearch's default mapping depth limit is 20 too.
+MAX_METADATA_DEPTH = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +58,9 @@ class Delete:
 class Poison:
     reason: str
     source: SourceRef
+    # One of a few stable words (not_utf8, bad_json, too_deep, ...): a metrics label and
+    # what to group dead letters by; ``reason`` says the details.
+    code: str = "invalid_record"
 
 
 Operation = Upsert | Delete
@@ -70,58 +82,145 @@ class _Body(msgspec.Struct, forbid_unknown_fields=False):
     model: str | None = None
 
 
-def _header(headers: Sequence[tuple[str, bytes]], name: str) -> str | None:
+class _Refused(Exception):
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _header(headers: Sequence[tuple[str, bytes | None]], name: str) -> str | None:
     for key, value in headers:
         if key == name:
-            return value.decode("utf-8", errors="replace")
+            if value is None:
+                raise _Refused("bad_header", f"the {name} header has no value")
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Refused("bad_header", f"the {name} header is not valid UTF-8") from None
+            if not text:
+                raise _Refused("bad_header", f"the {name} header is empty")
+            return text
     return None
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: bytes that were not UTF-8
+        return False
+    return True
+
+
+def _collection(name: str) -> str:
+    try:
+        return check_collection_name(name)
+    except FlotillaError as exc:
+        raise _Refused("bad_collection", exc.message) from None
+
+
+def _depth(value: object) -> int:
+    """How many containers deep ``value`` nests, walked without recursion."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Iterable[object] = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest > MAX_METADATA_DEPTH:
+            return deepest
+        stack.extend((child, depth) for child in children)
+    return deepest
 
 
 def parse_record(
     key: bytes | None,
     value: bytes | None,
-    headers: Sequence[tuple[str, bytes]],
+    headers: Sequence[tuple[str, bytes | None]],
+    source: SourceRef,
+    rules: RecordRules,
+) -> Upsert | Delete | Poison:
+    """The operation a record asks for, or why it cannot be processed. Never raises."""
+    try:
+        return _parse(key, value, headers, source, rules)
+    except _Refused as refused:
+        return Poison(refused.reason, source, refused.code)
+    except RecursionError:  # msgspec refuses JSON nested about a thousand levels deep
+        return Poison(
+            f"the value nests too deeply to read (metadata may nest {MAX_METADATA_DEPTH} levels)",
+            source,
+            "too_deep",
+        )
+    except Exception as exc:  # a case no rule above foresaw: still this record's fault
+        return Poison(f"the record could not be read: {type(exc).__name__}: {exc}", source)
+
+
+def _parse(
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
     source: SourceRef,
     rules: RecordRules,
 ) -> Upsert | Delete | Poison:
     try:
         doc_key = key.decode("utf-8") if key is not None else None
     except UnicodeDecodeError:
-        return Poison("the record key is not valid UTF-8", source)
+        return Poison("the record key is not valid UTF-8", source, "not_utf8")
+    for name, _ in headers:
+        if not name.isascii() and not _encodable(name):
+            # Only a batch read raw has such a key (the client cannot decode it).
+            return Poison("a header key is not valid UTF-8", source, "bad_header")
     collection = _header(headers, COLLECTION_HEADER)
 
     if value is None:  # tombstone
         if not doc_key:
-            return Poison("a tombstone needs a key naming the document to delete", source)
-        return Delete(doc_key, collection or rules.default_collection, source)
+            return Poison("a tombstone needs a key naming the document to delete", source, "no_id")
+        return Delete(doc_key, _collection(collection or rules.default_collection), source)
 
     try:
         text_value = value.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return Poison(f"the value is not valid UTF-8 ({exc.reason} at byte {exc.start})", source)
+        return Poison(
+            f"the value is not valid UTF-8 ({exc.reason} at byte {exc.start})", source, "not_utf8"
+        )
 
     body: _Body | None = None
     if text_value.lstrip().startswith("{"):
         try:
             body = msgspec.json.decode(value, type=_Body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            return Poison(f"the value is not a valid document JSON object: {exc}", source)
+            return Poison(
+                f"the value is not a valid document JSON object: {exc}", source, "bad_json"
+            )
+        if _depth(body.metadata) > MAX_METADATA_DEPTH:
+            return Poison(
+                f"the metadata nests deeper than {MAX_METADATA_DEPTH} levels", source, "too_deep"
+            )
     text = body.text if body is not None else text_value
     doc_id = doc_key
     if body is not None and body.id is not None:
         if doc_key is not None and body.id != doc_key:
-            return Poison(f"the key {doc_key!r} and the value's id {body.id!r} differ", source)
+            return Poison(
+                f"the key {doc_key!r} and the value's id {body.id!r} differ", source, "bad_id"
+            )
         doc_id = body.id
     if not doc_id:
-        return Poison("no document id: set the record key or the value's 'id'", source)
+        return Poison("no document id: set the record key or the value's 'id'", source, "no_id")
     if not text.strip():
-        return Poison("the document text is empty", source)
+        return Poison("the document text is empty", source, "empty_text")
     size = len(text.encode("utf-8"))
     if size > rules.max_text_bytes:
         return Poison(
             f"the text is {size} bytes, over the limit of {rules.max_text_bytes}: split the "
             "document, or raise --ingest-max-text-bytes",
             source,
+            "too_large",
         )
 
     asked_model = (
@@ -129,13 +228,18 @@ def parse_record(
         or (body.model if body is not None else None)
         or rules.default_model
     )
-    model = rules.resolve_model(asked_model)
+    try:
+        model = rules.resolve_model(asked_model)
+    except FlotillaError as exc:  # an adapter folder that cannot serve, say
+        return Poison(f"model {asked_model!r}: {exc.message}", source, "unknown_model")
     if model is None:
-        return Poison(f"unknown model {asked_model!r}", source)
+        return Poison(f"unknown model {asked_model!r}", source, "unknown_model")
     return Upsert(
         doc_id=doc_id,
         text=text,
-        collection=collection or (body.collection if body else None) or rules.default_collection,
+        collection=_collection(
+            collection or (body.collection if body else None) or rules.default_collection
+        ),
         model=model,
         source=source,
         metadata=dict(body.metadata) if body is not None else {},

@@ -48,7 +48,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
-            *("kafka", "topic", "group", "ingest_max_records"),
+            *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
             *("collection", "ingest_max_text_bytes", "ingest_model"),
             *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
         }
@@ -90,8 +90,8 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("auto_truncate", "bytes_per_token", "collection", "ingest_max_text_bytes"),
             *("ingest_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
             *("store", "qdrant_url", "qdrant_api_key"),
-            *("kafka", "topic", "group", "ingest_max_records", "progress_interval_s"),
-            *("api_keys", "max_body_bytes", "max_inflight_tokens"),
+            *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
+            *("progress_interval_s", "api_keys", "max_body_bytes", "max_inflight_tokens"),
         }
     ),
     # flotilla.evaluate.retrieval: ingest_stack() with auto_truncate forced on and chunking

@@ -153,10 +153,10 @@ async def test_produce_a_file_onto_the_topic(kafka_broker: KafkaBroker, tmp_path
 
 
 def ingest_process(
-    bootstrap: str, topic: str, fleet_file: Path, data: Path
+    bootstrap: str, topic: str, fleet_file: Path, data: Path, *more: str
 ) -> subprocess.Popen[bytes]:
     args = ["--kafka", bootstrap, "--topic", topic, "--fleet", str(fleet_file)]
-    args += ["--data-dir", str(data), "--device", "cpu"]
+    args += ["--data-dir", str(data), "--device", "cpu", *more]
     return subprocess.Popen(
         [sys.executable, "-m", "flotilla", "ingest", *args],
         stdout=subprocess.PIPE,
@@ -224,3 +224,57 @@ async def test_consuming_without_a_terminal_prints_plain_lines_and_the_totals(
     summary = rest.decode().splitlines()[-1]
     assert summary.startswith(f"{topic} -> k: 40 records in "), summary
     assert summary.endswith(": 40 stored, 0 deleted, 0 failed, lag 0"), summary
+
+
+async def test_a_missing_dead_letter_topic_that_may_not_be_created_is_a_clear_error(
+    kafka_broker: KafkaBroker, fleet_file: Path, tmp_path: Path
+) -> None:
+    topic = unique_name("nodlq")
+    await create_topic(kafka_broker.bootstrap, topic, 1)
+    proc = ingest_process(
+        kafka_broker.bootstrap, topic, fleet_file, tmp_path / "d", "--no-dlq-create"
+    )
+    output, _ = proc.communicate(timeout=60)
+    text = output.decode(errors="replace")
+    assert proc.returncode == 1, text[-3000:]
+    assert f"the dead-letter topic '{topic}.dlq' does not exist" in text, text[-3000:]
+    assert "--dlq-create" in text and "kafka-topics.sh" in text, text[-3000:]
+    assert "Traceback" not in text and "not found" not in text, text[-3000:]
+
+
+async def test_backfill_survives_poison_lines_of_every_shape(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "mixed.jsonl"
+    poison = [
+        b'{"id": "deep", "text": "t", "metadata": {"a": ' + b"[" * 1000 + b"]" * 1000 + b"}}",
+        b'{"id": "deeper", "text": "t", "metadata": ' + b'{"a": ' * 50_000 + b"}" * 50_001,
+        b'{"id": "bytes", "text": "\xff\xfe"}',
+        b'{"id": "type", "text": ["a", "list"]}',
+        b'{"id": "where", "text": "t", "collection": "no/slash"}',
+        b'{"text": "no id at all"}',
+    ]
+    with source.open("wb") as out:
+        for i in range(50):
+            out.write(json.dumps({"id": f"ok-{i}", "text": f"good line {i}"}).encode() + b"\n")
+            if i < len(poison):
+                out.write(poison[i] + b"\n")
+    done = flotilla(
+        "ingest", "--from", str(source), "--fleet", str(fleet_file), "--device", "cpu",
+        "--data-dir", str(tmp_path / "data"), "--collection", "mixed",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = done.stdout.splitlines()[-1]
+    assert summary.endswith(
+        f": 50 stored, 0 deleted, {len(poison)} failed; reasons in {source}.dlq.jsonl"
+    )
+    dead = [
+        json.loads(line) for line in (tmp_path / "mixed.jsonl.dlq.jsonl").read_text().splitlines()
+    ]
+    assert [d["line"] for d in dead] == [2 * i + 1 for i in range(len(poison))]
+    reasons = [d["reason"] for d in dead]
+    assert "nest" in reasons[0] and "nest" in reasons[1]
+    assert "UTF-8" in reasons[2] and "Expected `str`" in reasons[3]
+    assert "collection name" in reasons[4] and "no document id" in reasons[5]
+    async with EdgeStore(tmp_path / "data") as store:
+        assert await store.count("mixed") == 50

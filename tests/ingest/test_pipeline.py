@@ -18,7 +18,14 @@ from ingest.chunking import Chunking
 from ingest.embedding import QueueEmbedder, model_windows
 from ingest.pipeline import Backoff, IngestCore, RawRecord
 from ingest.records import RecordRules, SourceRef
-from ingest.store import PayloadFilter, Point, StoreUnavailable, chunk_point_id, point_id
+from ingest.store import (
+    InvalidStoreRequest,
+    PayloadFilter,
+    Point,
+    StoreUnavailable,
+    chunk_point_id,
+    point_id,
+)
 from ingest.store.qdrant import QdrantStore
 from tests.fakes import FakeLoader, fake_fleet
 
@@ -325,3 +332,92 @@ async def test_overlap_and_passage_size_follow_the_settings(stack: Stack) -> Non
     assert all(len(t) <= 8 for t in texts)  # 10 tokens less the two special ones
     assert sum(len(t) for t in texts) > 30  # the overlap repeats words
     assert texts[0][-1] in texts[1]
+
+
+class PickyStore(QdrantStore):
+    """Refuses for good (a non-retriable store error) any batch holding a point whose
+    metadata says ``refuse``, as a store does with a payload it cannot hold."""
+
+    def __init__(self) -> None:
+        super().__init__(location=":memory:")
+        self.batches = 0
+
+    async def upsert(self, collection: str, points: Sequence[Point]) -> None:
+        self.batches += 1
+        for p in points:
+            refuse = p.payload["metadata"].get("refuse")
+            # True refuses every passage, a number only that passage (False is not 0).
+            if refuse is True or (type(refuse) is int and refuse == p.payload["chunk_index"]):
+                raise InvalidStoreRequest("payload not storable")
+        await super().upsert(collection, points)
+
+
+async def test_points_the_store_refuses_are_dead_lettered_alone() -> None:
+    async for stack in make_stack(PickyStore()):
+        refused = {3, 17, 18}
+        records = [
+            record(i, f"d{i}", {"text": f"text {i}", "metadata": {"refuse": i in refused}})
+            for i in range(32)
+        ]
+        report = await stack.process(records)
+        assert (report.upserted, report.dead_lettered) == (29, 3)
+        assert report.reasons == {"store_refused": 3}
+        assert sorted(r.source.offset for r, _ in stack.dead) == sorted(refused)
+        assert all("payload not storable" in why for _, why in stack.dead)
+        assert await stack.store.count("main") == 29
+
+
+async def test_a_document_with_a_passage_the_store_refuses_is_not_stored_at_all() -> None:
+    async for stack in make_stack(PickyStore()):
+        long = " ".join(f"word{i}." for i in range(40))  # three passages of the fake model
+        await stack.process([record(0, "doc", {"text": long})])
+        assert await stack.store.count("main") == 3
+        report = await stack.process(
+            [record(1, "doc", {"text": long + " more.", "metadata": {"refuse": 1}}),
+             record(2, "fine", "a short one")]
+        )  # fmt: skip
+        assert (report.upserted, report.dead_lettered) == (1, 1)
+        assert "payload not storable" in stack.dead[0][1]
+        # Passage 1 refused: what was written of the new version (and the old version,
+        # which it was replacing) is gone, rather than a mix of both.
+        points = await stack.store.retrieve(
+            "main", [chunk_point_id("main", "doc", i) for i in range(4)]
+        )
+        assert points == []
+        assert await stack.store.count("main") == 1
+
+
+async def test_every_failure_of_one_record_is_counted_by_its_code() -> None:
+    records = [
+        record(0, "ok", "fine"),
+        record(1, "deep", b'{"text": "t", "metadata": {"a": ' + b"[" * 3000 + b"]" * 3000 + b"}}"),
+        record(2, "json", b'{"text": '),
+        record(3, "long", " ".join(["word"] * 40)),  # over the fake model's 16 tokens
+        record(4, "where", {"text": "t", "collection": "no/slashes"}),
+        RawRecord(b"hdr", b"text", (("flotilla-model", b"\xff"),), SourceRef("docs", 0, 5)),
+    ]
+    async for stack in make_stack(QdrantStore(location=":memory:"), chunking=False):
+        report = await stack.process(records)
+    assert report.upserted == 1
+    assert report.reasons == {
+        "too_deep": 1,
+        "bad_json": 1,
+        "embedding_failed": 1,
+        "bad_collection": 1,
+        "bad_header": 1,
+    }
+
+
+async def test_a_collection_the_store_refuses_dead_letters_its_records() -> None:
+    class NoNewCollections(QdrantStore):
+        async def ensure_collection(self, name: str, *args: Any, **kw: Any) -> None:
+            if name == "locked":
+                raise InvalidStoreRequest("collection creation is not allowed here")
+            await super().ensure_collection(name, *args, **kw)
+
+    async for stack in make_stack(NoNewCollections(location=":memory:")):
+        report = await stack.process(
+            [record(0, "a", {"text": "t", "collection": "locked"}), record(1, "b", "fine")]
+        )
+        assert (report.upserted, report.dead_lettered) == (1, 1)
+        assert "not allowed" in stack.dead[0][1]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from ingest.records import (
     COLLECTION_HEADER,
+    MAX_METADATA_DEPTH,
     MODEL_HEADER,
     Delete,
     Operation,
@@ -116,3 +117,69 @@ def test_last_writes_equals_applying_in_order(script: list[tuple[str, str, bool]
     assert not deleted & set(collapsed)
     touched = {(op.collection, op.doc_id) for op in operations}
     assert deleted == touched - set(state)
+
+
+def poison(op: Upsert | Delete | Poison) -> Poison:
+    assert isinstance(op, Poison), op
+    return op
+
+
+def nested(depth: int) -> bytes:
+    return b'{"text": "t", "metadata": {"a": ' + b"[" * depth + b"]" * depth + b"}}"
+
+
+def test_deep_nesting_is_poison_at_any_depth() -> None:
+    # About 2 KB of brackets made msgspec raise RecursionError out of the loop.
+    for depth in (25, 500, 1_000, 5_000, 100_000):
+        found = poison(parse(b"d", nested(depth)))
+        assert found.code == "too_deep", (depth, found)
+    assert isinstance(parse(b"d", nested(MAX_METADATA_DEPTH - 1)), Upsert)  # + the dict
+
+
+def test_headers_without_values_or_utf8_are_poison_not_errors() -> None:
+    for headers, what in [
+        ([(COLLECTION_HEADER, None)], "has no value"),
+        ([(MODEL_HEADER, b"\xff")], "not valid UTF-8"),
+        ([(COLLECTION_HEADER, b"")], "is empty"),
+        ([("caf\udce9", b"x")], "header key is not valid UTF-8"),  # read raw, undecodable
+    ]:
+        found = poison(parse(b"d", b"text", headers))  # type: ignore[arg-type]
+        assert what in found.reason and found.code == "bad_header", found
+    # Unknown headers, and headers without values that flotilla does not read, are fine.
+    assert isinstance(parse(b"d", b"text", [("trace", None), ("x", b"\xff")]), Upsert)  # type: ignore[list-item]
+
+
+def test_collection_names_the_store_would_refuse_are_poison() -> None:
+    for name in ("../etc", "has space", "x" * 300, "-lead"):
+        value = json.dumps({"text": "t", "collection": name}).encode()
+        assert poison(parse(b"d", value)).code == "bad_collection", name
+        assert poison(parse(b"d", None, [(COLLECTION_HEADER, name.encode())])).code == (
+            "bad_collection"
+        )
+
+
+def test_wrong_types_and_odd_json_are_poison() -> None:
+    for value in [
+        b'{"text": "t", "metadata": [1]}',
+        b'{"text": "t", "id": 5}',
+        b'{"text": "t", "metadata": {"a": 1e999}}',
+        b'{"text": "\\ud800"}',  # a lone surrogate escape
+        b'{"text": "t"} trailing',
+        b"{}",
+    ]:
+        assert poison(parse(b"d", value)).code == "bad_json", value
+
+
+def test_a_resolver_that_raises_is_a_poison() -> None:
+    def broken(name: str) -> str | None:
+        raise RuntimeError("catalog unreadable")
+
+    rules = RecordRules("main", "mini", 100, broken)
+    found = poison(parse_record(b"d", b"text", [], SRC, rules))
+    assert "catalog unreadable" in found.reason
+
+
+@given(st.binary(max_size=300), st.one_of(st.none(), st.binary(max_size=20)))
+def test_parsing_never_raises(value: bytes, key: bytes | None) -> None:
+    assert isinstance(parse(key, value), Upsert | Delete | Poison)
+    assert isinstance(parse(key, b'{"text": "t", "metadata": ' + value + b"}"), Upsert | Poison)

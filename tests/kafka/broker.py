@@ -133,7 +133,9 @@ class KafkaBroker:
 
     auto_create_topics is off by default, as in most production clusters: a test that
     forgets to create its topic fails instead of getting a one-partition topic by accident.
-    extra_properties override or extend the generated server.properties.
+    extra_properties override or extend the generated server.properties. halt() and
+    resume() make an outage: the process goes and comes back on the same ports and
+    storage, as a restarted production broker does.
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class KafkaBroker:
         self._process: subprocess.Popen[bytes] | None = None
         self._stdout: IO[bytes] | None = None
         self._port = 0
+        self._command: list[str] = []
 
     @property
     def bootstrap(self) -> str:
@@ -260,12 +263,17 @@ class KafkaBroker:
                 f"formatting storage failed (exit {formatted.returncode}):\n"
                 f"{formatted.stdout}{formatted.stderr}"
             )
-        self._stdout = (logs / "stdout.log").open("wb")
         heap = f"{self.heap_mb}m"
         command = [java, f"-Xms{heap}", f"-Xmx{heap}", *JVM_FLAGS]
         command += [f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+        self._command = [*command, "kafka.Kafka", str(config)]
+        self._spawn()
+
+    def _spawn(self) -> None:
+        assert self._dir is not None
+        self._stdout = (self._dir / "logs" / "stdout.log").open("ab")
         self._process = subprocess.Popen(
-            [*command, "kafka.Kafka", str(config)],
+            self._command,
             stdin=subprocess.DEVNULL,
             stdout=self._stdout,
             stderr=subprocess.STDOUT,
@@ -308,12 +316,34 @@ class KafkaBroker:
                     lines.append(f"--- tail of {name} ---\n{_tail(path)}")
         return "\n".join(lines)
 
-    def stop(self) -> None:
-        """SIGTERM (a clean shutdown takes about 2 s), SIGKILL after stop_timeout_s."""
-        atexit.unregister(self.stop)
+    def halt(self, *, kill: bool = False) -> None:
+        """Stop the broker process, SIGTERM or (``kill``) SIGKILL, keeping its storage and
+        its ports: an outage that ``resume`` ends with the same cluster at the same
+        address, its topics, records and committed offsets intact."""
+        if self._dir is None:
+            raise RuntimeError("the broker was never started")
+        self._end_process(kill=kill)
+
+    def resume(self) -> Self:
+        """Start the halted broker again on its storage and ports; returns once ready."""
+        if self._dir is None:
+            raise RuntimeError("the broker was never started")
+        if self.running:
+            return self
+        self._spawn()
+        try:
+            self._wait_ready(time.monotonic() + self.start_timeout_s)
+        except Exception as exc:
+            raise KafkaSetupError(self._failure_report(exc)) from exc
+        return self
+
+    def _end_process(self, *, kill: bool = False) -> None:
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
-            process.terminate()
+            if kill:
+                process.kill()
+            else:
+                process.terminate()
             try:
                 process.wait(self.stop_timeout_s)
             except subprocess.TimeoutExpired:
@@ -322,6 +352,11 @@ class KafkaBroker:
         if self._stdout is not None:
             self._stdout.close()
             self._stdout = None
+
+    def stop(self) -> None:
+        """SIGTERM (a clean shutdown takes about 2 s), SIGKILL after stop_timeout_s."""
+        atexit.unregister(self.stop)
+        self._end_process()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
