@@ -1,3 +1,19 @@
-from flotilla.cli import app
+"""``python -m flotilla`` and the ``flotilla`` command.
 
-app()
+SIGTERM is a clean exit from the first line on: importing the CLI takes a few tenths
+of a second, and a supervisor that stops a process still importing should see status
+0, not a death by the signal. Commands replace the handler once they hold work.
+"""
+
+from flotilla.signals import exit_cleanly_until_running
+
+
+def main() -> None:
+    exit_cleanly_until_running()
+    from flotilla.cli import app
+
+    app()
+
+
+if __name__ == "__main__":
+    main()
