@@ -43,6 +43,7 @@ bench: kafka-jars
 	$(BIN)/flotilla bench adapters
 	$(BIN)/flotilla bench hostpath
 	$(BIN)/flotilla bench adaptive
+	$(BIN)/flotilla bench soak
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "args": json.loads(json.dumps(vars(args), default=str)),
         **summary,
     }
-    json_path = report.write_json(args.out, result)
+    json_path = report.write_json(f"{args.out}.json", result)
     png_path = report.results_dir() / f"{args.out}.png"
     plot(summary, png_path)
     rows = [
