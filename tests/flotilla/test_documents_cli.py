@@ -35,6 +35,7 @@ from ingest.store.edge import EdgeStore
 from tests.fakes import fake_fleet
 from tests.gateway.conftest import Loader, _free_port, hub_offline
 from tests.gateway.test_api import sample
+from tests.ready import wait_ready
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow
@@ -79,14 +80,7 @@ def served(fleet_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"}
         )
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.2)
+        wait_ready(url, lambda: None if proc.poll() is None else log.read_text())
         yield Served(url, folder / "data", proc)
     finally:
         proc.terminate()

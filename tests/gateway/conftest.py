@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app
 from tests.fakes import FakeLoader, FakeRuntime
+from tests.ready import wait_ready
 
 FAKE_MAX_TOKENS = 64
 
@@ -256,13 +256,5 @@ def real_server(launched_server: _Launched) -> RealServer:
     """The real server, once /ready says every model is loaded (up to 300 s: on a busy
     2-core machine the bundled fleet loads in about 90 s, and the first run imports e5)."""
     proc, url, log = launched_server.proc, launched_server.url, launched_server.log
-    deadline = time.monotonic() + 300
-    while True:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return RealServer(url, log, launched_server.model_cache)
-        if time.monotonic() > deadline:
-            pytest.fail(f"the server was not ready within 300 s:\n{log.read_text()}")
-        time.sleep(0.25)
+    wait_ready(url, lambda: None if proc.poll() is None else log.read_text(), timeout_s=300)
+    return RealServer(url, log, launched_server.model_cache)

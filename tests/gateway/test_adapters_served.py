@@ -6,11 +6,9 @@ the server runs) gets each answer equal to the merged model's; an unknown adapte
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import yaml
 from numpy.typing import NDArray
 
 from tests.gateway.conftest import _free_port, hub_offline
+from tests.ready import wait_ready
 from tests.tiny_models import build_tiny_embedder, build_tiny_lora, merged_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow
@@ -69,14 +68,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.25)
+        wait_ready(url, lambda: None if proc.poll() is None else log.read_text())
         yield Served(url, model_dir, fleet_file, adapters, registry)
     finally:
         proc.terminate()

@@ -5,9 +5,7 @@ against sentence-transformers on the same folders."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from numpy.typing import NDArray
 from flotilla.serve import build_app
 from flotilla.settings import Settings
 from tests.gateway.conftest import _free_port, hub_offline
+from tests.ready import wait_ready
 from tests.tiny_models import build_tiny_embedder, build_tiny_reranker
 
 pytestmark = pytest.mark.slow
@@ -69,14 +68,7 @@ def url(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> It
         thread.start()
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                assert thread.is_alive(), "the server stopped while starting"
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(f"{base}/ready", timeout=2).status_code == 200:
-                        break
-                assert time.monotonic() < deadline, "the server was not ready within 120 s"
-                time.sleep(0.1)
+            wait_ready(base, lambda: None if thread.is_alive() else "(its thread ended)")
             yield base
         finally:
             server.should_exit = True
