@@ -13,6 +13,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     KeyValueConfig,
     RetentionPolicy,
     StorageType,
@@ -93,6 +94,8 @@ async def ensure_streams(js: JetStreamContext, config: JetStreamConfig) -> None:
             # A message is gone once acked (or termed): each job is done by one worker.
             retention=RetentionPolicy.WORK_QUEUE,
             max_bytes=config.max_bytes,
+            # Full: refuse new requests (the gateway answers 503), never drop queued ones.
+            discard=DiscardPolicy.NEW,
             # A gateway's retried publish of one job id is stored once.
             duplicate_window=min(120.0, config.max_age_s),
             storage=_storage(config),
