@@ -95,3 +95,12 @@ class InferenceFailed(FlotillaError):
     http_status = 500
     retriable = True
     code = "inference_failed"
+
+
+class Undeliverable(FlotillaError):
+    """The shared queue gave a request to workers as often as it allows and none answered
+    (each died or handed it back): it was dead-lettered. Retrying the same body is likely
+    to fail the same way."""
+
+    http_status = 502
+    code = "undeliverable"

@@ -55,12 +55,15 @@ def serve(settings: Settings) -> None:
 # DECODING); its store is the Qdrant server or none, so data_dir only places the adapters.
 @settings_flags(HTTP_API | STORE | WORK_QUEUE | {"reply_topic_prefix", "gateway_id"})
 def gateway(settings: Settings) -> None:
-    """HTTP gateway over the Kafka work queue (--kafka): annotates requests and puts them
-    on --request-topic; `flotilla worker` processes run the models. Loads no model."""
+    """HTTP gateway over the shared work queue (--nats for JetStream, or --kafka): annotates
+    requests and puts them on the queue; `flotilla worker` processes run the models. Loads
+    no model."""
     from flotilla.distributed import serve_gateway
 
-    if not settings.kafka:
-        raise typer.BadParameter("the gateway needs Kafka", param_hint="'--kafka' / FLOTILLA_KAFKA")
+    if not (settings.nats or settings.kafka):
+        raise typer.BadParameter(
+            "the gateway needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+        )
     serve_gateway(settings)
 
 
@@ -75,11 +78,13 @@ def gateway(settings: Settings) -> None:
     | {"worker_group", "host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
-    """Load the fleet on this device and pull requests from --request-topic (--kafka) as a
-    member of --worker-group, until SIGTERM or Ctrl-C; then finish the jobs in hand,
-    commit and leave the group."""
-    if not settings.kafka:
-        raise typer.BadParameter("a worker needs Kafka", param_hint="'--kafka' / FLOTILLA_KAFKA")
+    """Load the fleet on this device and pull requests from the shared work queue (--nats:
+    the JetStream consumers of its models; or --kafka: --request-topic as a member of
+    --worker-group), until SIGTERM or Ctrl-C; then finish the jobs in hand and leave."""
+    if not (settings.nats or settings.kafka):
+        raise typer.BadParameter(
+            "a worker needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+        )
     exit_cleanly_until_running()
     from flotilla.distributed import serve_worker
 

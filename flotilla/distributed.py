@@ -1,5 +1,6 @@
-"""Wiring for many machines: `flotilla gateway` (HTTP in front of the Kafka work queue,
-no models) and `flotilla worker` (the fleet on this device, pulling from that queue).
+"""Wiring for many machines: `flotilla gateway` (HTTP in front of the shared work queue,
+no models) and `flotilla worker` (the fleet on this device, pulling from that queue);
+``flotilla.transports`` picks the queue (JetStream or Kafka).
 
 The gateway is torch-free; a worker imports torch only when its models load.
 """
@@ -10,20 +11,17 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import socket
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
 from embedder.host import RuntimeLoader
-from embedder.queue.kafka.heartbeat import FleetStatus, WorkerHeartbeat
-from embedder.queue.kafka.puller import KafkaPuller
-from embedder.queue.kafka.submitter import KafkaSubmitter
 from embedder.runtimes import load_runtime
 from flotilla import wiring
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
+from flotilla.transports import reply_topic, transport
 from flotilla.worker_http import WorkerHttp
 from gateway.app import create_app
 
@@ -34,44 +32,27 @@ log = logging.getLogger(__name__)
 DRAIN_S = 10.0
 
 
-def _topic_safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "-", name)  # the characters Kafka allows in names
-
-
-def reply_topic(settings: Settings) -> str:
-    gateway_id = settings.gateway_id or f"{socket.gethostname()}-{settings.port}"
-    return f"{settings.reply_topic_prefix}.{_topic_safe(gateway_id)}"
-
-
-def _bootstrap(settings: Settings) -> str:
-    if not settings.kafka:
-        raise SystemExit("the distributed queue needs --kafka BOOTSTRAP (FLOTILLA_KAFKA)")
-    return settings.kafka
+__all__ = ["build_gateway_app", "reply_topic", "run_worker", "serve_gateway", "serve_worker"]
 
 
 def build_gateway_app(settings: Settings) -> FastAPI:
-    bootstrap = _bootstrap(settings)
+    queue = transport(settings)
     fleet = wiring.configured_fleet(settings)
-    submitter = KafkaSubmitter(
-        bootstrap=bootstrap,
-        request_topic=settings.request_topic,
-        reply_topic=reply_topic(settings),
-        request_partitions=settings.request_partitions,
-        max_message_bytes=settings.kafka_max_message_bytes,
-    )
-    status = FleetStatus(bootstrap=bootstrap, topic=settings.status_topic)
+    submitter = queue.submitter(settings)
+    status = queue.fleet_status(settings)
     # Search needs a store every process can reach: the Qdrant server, not the embedded one.
     store = wiring.configured_store(settings) if settings.store == "qdrant" else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(submitter)
-            await stack.enter_async_context(status)
+            for part in (submitter, status):
+                await part.start()
+                stack.push_async_callback(part.stop)
             if store is not None:
                 await stack.enter_async_context(store)
-            log.info("gateway: requests to %s, replies on %s", submitter.request_topic,
-                     submitter.reply_topic)  # fmt: skip
+            log.info("gateway: requests over %s, replies on %s", queue.name,
+                     reply_topic(settings))  # fmt: skip
             yield
 
     app = create_app(
@@ -98,25 +79,14 @@ async def run_worker(
 ) -> None:
     """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
     finish the jobs in hand, commit and leave the group."""
-    bootstrap = _bootstrap(settings)
+    queue = transport(settings)
     fleet = wiring.configured_fleet(settings)
-    puller = KafkaPuller(
-        bootstrap=bootstrap,
-        topic=settings.request_topic,
-        group=settings.worker_group,
-        partitions=settings.request_partitions,
-        max_message_bytes=settings.kafka_max_message_bytes,
-    )
+    worker_id = f"{socket.gethostname()}-{os.getpid()}"
+    puller = queue.puller(settings, worker_id)
     host = wiring.model_host(
         settings, fleet, puller, wiring.adapter_catalog(settings, fleet), loader
     )
-    heartbeat = WorkerHeartbeat(
-        bootstrap=bootstrap,
-        topic=settings.status_topic,
-        worker_id=f"{socket.gethostname()}-{os.getpid()}",
-        models=list(fleet.models),
-        states=host,
-    )
+    heartbeat = queue.heartbeat(settings, worker_id, list(fleet.models), host)
     if stop is None:
         stop = stop_event()
     serving = False
@@ -135,7 +105,7 @@ async def run_worker(
         await puller.start()
         await heartbeat.start()
         serving = True
-        log.info("worker: serving %s from %s", sorted(host.loaded), settings.request_topic)
+        log.info("worker: serving %s over %s", sorted(host.loaded), queue.name)
         await stop.wait()
         log.info("worker: stopping; finishing the jobs in hand")
         await heartbeat.stop()

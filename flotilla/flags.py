@@ -96,9 +96,23 @@ RECORDS = CHUNKING | {
 KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records", "dlq_create"})
 # flotilla.progress: the plain lines of a long command whose output is not a terminal.
 PROGRESS = frozenset({"progress_interval_s"})
-# Both halves of the Kafka work queue and the worker heartbeats.
+# Both halves of the work queue (Kafka or JetStream) and the worker heartbeats.
 WORK_QUEUE = frozenset(
     {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}
+    | {
+        "nats",
+        "nats_stream",
+        "nats_subject_prefix",
+        "nats_storage",
+        "nats_ack_wait_s",
+        "nats_max_ack_pending",
+        "nats_max_deliver",
+        "nats_nak_delay_ms",
+        "nats_max_age_s",
+        "nats_max_bytes",
+        "nats_max_message_bytes",
+        "nats_replicas",
+    }
 )
 
 

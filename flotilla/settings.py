@@ -250,6 +250,83 @@ class Settings(BaseSettings):
         "it sets when creating topics. Replies of many long vectors need the room.",
     )
 
+    # -- the JetStream work queue (`flotilla gateway --nats` / `flotilla worker --nats`) --
+    nats: str | None = Field(
+        default=None,
+        description="NATS server URL(s) with JetStream (nats://host:4222,...): `gateway` and "
+        "`worker` share their work queue through it, per message (any worker takes any "
+        "request of a model it hosts). Takes precedence over --kafka for requests.",
+    )
+    nats_stream: str = Field(
+        default="FLOTILLA_JOBS",
+        description="Work-queue stream of requests; its dead letters go to <stream>_DEAD and "
+        "worker liveness to the KV bucket <stream>_workers.",
+    )
+    nats_subject_prefix: str = Field(
+        default="flotilla.jobs",
+        description="Requests are published on <prefix>.<model>: a worker pulls only the "
+        "models it hosts, through one durable consumer per model its peers share.",
+    )
+    nats_storage: Literal["memory", "file"] = Field(
+        default="file",
+        description="Where the stream keeps requests: 'file' survives a server restart and "
+        "costs a disk write per request; 'memory' is faster and loses the queued requests "
+        "when the server restarts (their clients get 504).",
+    )
+    nats_ack_wait_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long a request a worker holds without news goes unacked before it "
+        "is given to another worker. Lower recovers a dead worker's requests sooner; workers "
+        "send in-progress acks every third of it, so long jobs are not run twice.",
+    )
+    nats_max_ack_pending: int = Field(
+        default=1_024,
+        gt=0,
+        description="Most requests of one model held by all its workers at once (fetched, not "
+        "yet acked); past it the server hands out nothing more. Higher fills more workers' "
+        "budgets; lower bounds what a dead worker strands until --nats-ack-wait-s.",
+    )
+    nats_max_deliver: int = Field(
+        default=5,
+        gt=0,
+        description="Deliveries of one request before it is dead-lettered (<stream>_DEAD, with "
+        "the reason) and its client gets 502. Counts crashes, stalls past the ack wait and "
+        "hand-backs over a worker's budget: higher tolerates more, lower stops a request "
+        "that kills workers sooner.",
+    )
+    nats_nak_delay_ms: int = Field(
+        default=20,
+        ge=0,
+        description="Delay before a request a worker handed back (over its token budget) is "
+        "offered again. Lower gives it sooner to a free worker; higher keeps the same busy "
+        "worker from taking it straight back.",
+    )
+    nats_max_age_s: float = Field(
+        default=3_600.0,
+        gt=0,
+        description="Longest a request or dead letter is kept in its stream; requests expire "
+        "at their own deadline long before, so this only bounds what an outage leaves.",
+    )
+    nats_max_bytes: int = Field(
+        default=1 << 30,
+        gt=0,
+        description="Bytes the request stream (and the dead-letter stream) may hold; past it "
+        "new requests are refused (503) instead of old ones being dropped unseen.",
+    )
+    nats_max_message_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        description="Largest request flotilla publishes (413 above), also the streams' message "
+        "limit; the server's max_payload (1 MB unless configured) caps requests and replies.",
+    )
+    nats_replicas: int = Field(
+        default=1,
+        ge=1,
+        description="Copies of each stream in a NATS cluster (at most 5): 3 survives a "
+        "server loss, at the cost of a replicated write per request; 1 on a single server.",
+    )
+
     @property
     def adapters_root(self) -> Path:
         return self.adapters_dir or self.data_dir / "adapters"
@@ -314,6 +391,20 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "worker_group",
         "status_topic",
         "kafka_max_message_bytes",
+    ),
+    "JetStream": (
+        "nats",
+        "nats_stream",
+        "nats_subject_prefix",
+        "nats_storage",
+        "nats_ack_wait_s",
+        "nats_max_ack_pending",
+        "nats_max_deliver",
+        "nats_nak_delay_ms",
+        "nats_max_age_s",
+        "nats_max_bytes",
+        "nats_max_message_bytes",
+        "nats_replicas",
     ),
     "LoRA training": tuple(TrainConfig.model_fields),
     "Prices": tuple(Prices.model_fields),

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.kafka.fixtures"]
+pytest_plugins = ["tests.kafka.fixtures", "tests.nats.fixtures"]
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from lora.config import Prices, TrainConfig
 # What each command's code path reads, found by reading it. Written out here rather than
 # taken from flotilla.cli, so that a change to what a command shows is a change to this
 # table too.
+NATS = {name for name in LoraSettings.model_fields if name.startswith("nats")}
 READS: dict[tuple[str, ...], frozenset[str]] = {
     # flotilla.serve: serve() (uvicorn, logging), build_app() (fleet and model cache, the
     # model host, request_limits(), adapter_catalog(), configured_store(), the Kafka
@@ -65,6 +66,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "request_topic", "request_partitions", "status_topic"),
             *("kafka_max_message_bytes", "reply_topic_prefix", "gateway_id"),
+            *NATS,
         }
     ),
     # flotilla.distributed.run_worker: the fleet on this device, the puller, request
@@ -77,6 +79,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("max_inputs_per_request", "auto_truncate"),
             *("kafka", "request_topic", "request_partitions", "status_topic"),
             *("kafka_max_message_bytes", "worker_group"),
+            *NATS,
         }
     ),
     # flotilla.ingest: ingest_stack() (one input per job, so no request limit), the Kafka

@@ -30,3 +30,24 @@ def test_the_probe_sees_aiokafka_when_it_is_imported() -> None:
     """Guards the guard: the same probe reports aiokafka once a Kafka client is imported."""
     loaded = heavy_modules_after("embedder.queue.kafka.submitter", heavy=KAFKA)
     assert "aiokafka" in loaded
+
+
+NATS = ("nats",)
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ("embedder.queue", "embedder.queue.inprocess"),
+        ("gateway.app", "gateway.service", "embedder.host", "embedder.worker"),
+        # The JetStream message format: its package must not drag the client in either.
+        ("embedder.queue.jetstream", "embedder.queue.jetstream.wire"),
+    ],
+)
+def test_these_imports_leave_nats_out(modules: tuple[str, ...]) -> None:
+    assert heavy_modules_after(*modules, heavy=NATS) == []
+
+
+def test_the_probe_sees_nats_when_it_is_imported() -> None:
+    loaded = heavy_modules_after("embedder.queue.jetstream.submitter", heavy=NATS)
+    assert "nats" in loaded

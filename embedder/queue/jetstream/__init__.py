@@ -1,0 +1,20 @@
+"""The work queue over NATS JetStream, for many machines: a shared queue, per message.
+
+Gateways (``submitter.JetStreamSubmitter``) publish each job to the work-queue
+stream on its model's subject, ``<prefix>.<model>``: the raw body as the payload,
+the annotations as headers (``wire``). Workers (``puller.JetStreamPuller``) of one
+model share one durable pull consumer filtered to that subject, so a worker pulls
+only the models it hosts, and any of them may take any request: a slow or stopped
+worker's backlog is simply fetched by the others. A worker fetches about its token
+budget, hands back with ``nak(delay)`` what does not fit, ``term()``s what expired,
+and acks a job only once its reply is published to the gateway's own inbox subject.
+
+Delivery is at least once: a job a worker holds unacknowledged past ``ack_wait``
+(it died, or it is stopped) goes to another worker; the gateway keeps the first
+reply. Past ``max_deliver`` deliveries the server announces the job, a worker moves
+it to the dead-letter stream with the reason, and its gateway answers the client
+with ``Undeliverable``. Workers record their models in a KV bucket (``liveness``)
+that gateways watch to answer 503 at once for a model no live worker serves.
+``streams`` holds the settings and creates streams, consumers and the bucket.
+This file imports nothing, so the pure ``wire`` loads without nats.
+"""

@@ -1,0 +1,259 @@
+"""The worker's half of the JetStream work queue (the whole is described in
+``embedder.queue.jetstream``): fetch about a token budget from the durable consumer of
+each model served, hand back what does not fit, reply, and ack only what is answered."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from prometheus_client import Counter as MetricCounter
+
+from embedder.batching import take_within, urgency
+from embedder.errors import LimitExceeded
+from embedder.jobs import EmbedJob
+from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.queue.jetstream import wire
+from embedder.queue.jetstream.dead_letters import DeadLetters
+from embedder.queue.jetstream.streams import JetStreamConfig, ensure_consumer, ensure_streams
+from embedder.queue.jetstream.submitter import connect
+from embedder.queue.protocol import Outcome
+
+log = logging.getLogger(__name__)
+
+HANDLED = MetricCounter(
+    "flotilla_jetstream_requests",
+    "Request messages a worker fetched, by what became of them: 'taken', 'handed_back' "
+    "(nak: over the token budget), 'expired' and 'malformed' (both terminated).",
+    ["outcome"],
+)
+TAKEN = HANDLED.labels("taken")
+HANDED_BACK = HANDLED.labels("handed_back")
+MAX_FETCH = 64  # messages asked for in one fetch, however small the jobs
+FIRST_GUESS_TOKENS = 64.0  # tokens per job assumed before any was seen
+
+
+@dataclass(slots=True)
+class _Held:
+    msg: Msg
+    reply_to: str
+    deadline: float
+
+
+class JetStreamPuller(Lifecycle):
+    """The worker's ``JobPuller``: one pull subscription per model, bound to the durable
+    consumer all that model's workers share.
+
+    A fetch asks for about ``max_tokens`` worth of messages, guessed from the sizes seen
+    so far; what still does not fit is nak'ed with ``nak_delay_ms`` so another worker
+    takes it. Jobs in hand are kept from redelivery while their deadline lasts (an
+    in-progress ack every third of ``ack_wait``): only a worker that stops answering
+    loses them, after ``ack_wait``.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        config: JetStreamConfig | None = None,
+        name: str = "flotilla-worker",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url
+        self.config = config or JetStreamConfig()
+        self.name = name
+        self.clock = clock
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._subs: dict[str, JetStreamContext.PullSubscription] = {}
+        self._held: dict[str, _Held] = {}
+        self._tokens_per_job = FIRST_GUESS_TOKENS
+        self._serving = False
+        self._answers = True
+        self._released = asyncio.Event()
+        self._keepalive: asyncio.Task[None] | None = None
+        self._dead: DeadLetters | None = None
+
+    async def start(self) -> None:
+        if self._nc is not None:
+            return
+        nc = await connect(self.url, self.name)
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, self.config)
+            self._dead = DeadLetters(nc, js, self.config)
+            await self._dead.start()
+        except BaseException:
+            await nc.close()
+            raise
+        self._nc, self._js = nc, js
+        self._serving = True
+        self._keepalive = watch(asyncio.create_task(self._keep_alive(), name="jetstream-wpi"))
+
+    async def stop(self) -> None:
+        """Hand back what is still held (another worker takes it at once) and close."""
+        nc, self._nc = self._nc, None
+        if nc is None:
+            return
+        self._serving = False
+        await cancel_and_wait(self._keepalive)
+        await self._hand_back_held()
+        assert self._dead is not None
+        await self._dead.stop()
+        with contextlib.suppress(NatsError, TimeoutError):
+            await nc.flush(timeout=5)  # the acks and replies still buffered go out first
+        await nc.close()
+        self._subs.clear()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Stop fetching and wait until the jobs in hand are answered; those still
+        unanswered after ``timeout_s`` are handed back and their answers dropped.
+        Returns how many were handed back."""
+        self._serving = False
+        deadline = time.monotonic() + timeout_s
+        while self._held and (remaining := deadline - time.monotonic()) > 0:
+            self._released.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._released.wait(), remaining)
+        left = len(self._held)
+        self._answers = False
+        await self._hand_back_held()
+        return left
+
+    def in_hand(self) -> int:
+        return len(self._held)
+
+    # -- JobPuller ---------------------------------------------------------------------
+
+    async def pull(
+        self, models: Collection[str], max_tokens: int, timeout_s: float
+    ) -> list[EmbedJob]:
+        if not self._serving or not models:
+            await asyncio.sleep(timeout_s)
+            return []
+        batch = max(1, min(MAX_FETCH, int(max_tokens / self._tokens_per_job)))
+        subs = [await self._subscription(model) for model in models]
+        messages = await self._fetch(subs, batch, timeout_s)
+        now = self.clock()
+        jobs = [job for msg in messages if (job := await self._admit(msg, now)) is not None]
+        if jobs:
+            sizes = sum(job.est_tokens for job in jobs) / len(jobs)
+            self._tokens_per_job = 0.8 * self._tokens_per_job + 0.2 * max(1.0, sizes)
+        jobs.sort(key=urgency)
+        taken = take_within(jobs, max_tokens)
+        for job in jobs[len(taken) :]:
+            held = self._held.pop(job.id)
+            HANDED_BACK.inc()
+            with contextlib.suppress(NatsError):
+                await held.msg.nak(delay=self.config.nak_delay_ms / 1e3)
+        TAKEN.inc(len(taken))
+        return taken
+
+    async def complete(self, job_id: str, outcome: Outcome) -> None:
+        held = self._held.pop(job_id, None)
+        if held is None:
+            return
+        self._released.set()
+        if not self._answers or self._nc is None:
+            return
+        payload, headers = wire.encode_outcome(job_id, outcome)
+        if len(payload) > self._nc.max_payload:
+            payload, headers = wire.encode_outcome(
+                job_id,
+                LimitExceeded(
+                    f"the response is over {self._nc.max_payload} bytes, the NATS server's "
+                    "max_payload: ask for fewer inputs, or raise the server's max_payload"
+                ),
+            )
+        try:
+            await self._nc.publish(held.reply_to, payload, headers=headers)
+            # After the reply, on the same connection: the server has the reply before
+            # the ack, so an acked job is never one whose answer was lost.
+            await held.msg.ack()
+        except NatsError as exc:
+            log.warning("reply for %s failed (redelivered after ack_wait): %r", job_id, exc)
+
+    def cancelled(self, job_ids: Iterable[str]) -> set[str]:
+        """Jobs this worker no longer answers for: unknown (handed back) or abandoned."""
+        return {job_id for job_id in job_ids if not self._answers or job_id not in self._held}
+
+    # -- reading -----------------------------------------------------------------------
+
+    async def _subscription(self, model: str) -> JetStreamContext.PullSubscription:
+        sub = self._subs.get(model)
+        if sub is None:
+            assert self._js is not None
+            durable = await ensure_consumer(self._js, self.config, model)
+            sub = await self._js.pull_subscribe_bind(durable=durable, stream=self.config.stream)
+            self._subs[model] = sub
+        return sub
+
+    async def _fetch(
+        self, subs: list[JetStreamContext.PullSubscription], batch: int, timeout_s: float
+    ) -> list[Msg]:
+        async def one(sub: JetStreamContext.PullSubscription) -> list[Msg]:
+            try:
+                return await sub.fetch(batch, timeout=max(timeout_s, 0.001))
+            except TimeoutError:
+                return []
+            except NatsError as exc:
+                log.warning("fetching requests failed: %r", exc)
+                await asyncio.sleep(timeout_s)
+                return []
+
+        if len(subs) == 1:
+            return await one(subs[0])
+        # Several models: the first fetch that brings something ends the wait; messages
+        # the others bring later land in their subscriptions and come with the next pull.
+        tasks = [asyncio.ensure_future(one(sub)) for sub in subs]
+        await asyncio.wait(tasks, timeout=timeout_s + 1.0, return_when=asyncio.FIRST_COMPLETED)
+        found: list[Msg] = []
+        for task in tasks:
+            if task.done():
+                found.extend(task.result())
+            else:
+                task.cancel()
+        return found
+
+    async def _admit(self, msg: Msg, now: float) -> EmbedJob | None:
+        try:
+            job, reply_to = wire.decode_job(msg.headers, msg.data)
+        except wire.MalformedRecord as exc:
+            log.warning("terminating a request that is not one: %s", exc)
+            HANDLED.labels("malformed").inc()
+            await msg.term()
+            return None
+        if job.deadline <= now:  # its gateway has answered 504 already
+            HANDLED.labels("expired").inc()
+            await msg.term()
+            return None
+        held = self._held.get(job.id)
+        if held is not None:
+            held.msg = msg  # redelivered while still in hand: this delivery's ack counts
+            return None
+        self._held[job.id] = _Held(msg, reply_to, job.deadline)
+        return job
+
+    async def _hand_back_held(self) -> None:
+        held, self._held = list(self._held.values()), {}
+        for entry in held:
+            with contextlib.suppress(NatsError):
+                await entry.msg.nak()
+        self._released.set()
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.ack_wait_s / 3)
+            now = self.clock()
+            for entry in list(self._held.values()):
+                if entry.deadline > now:
+                    with contextlib.suppress(NatsError):
+                        await entry.msg.in_progress()

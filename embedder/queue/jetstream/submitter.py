@@ -1,0 +1,149 @@
+"""The gateway's half of the JetStream work queue (the whole is described in
+``embedder.queue.jetstream``): publish each job on its model's subject, and resolve its
+future from the replies that reach this gateway's own inbox subject."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+from nats.errors import MaxPayloadError
+from nats.js import JetStreamContext
+from prometheus_client import Counter as MetricCounter
+
+from embedder.errors import DeadlineExceeded, InferenceFailed, LimitExceeded, NotReady
+from embedder.jobs import EmbedJob, JobResult
+from embedder.lifecycle import Lifecycle
+from embedder.queue.jetstream import wire
+from embedder.queue.jetstream.streams import JetStreamConfig, ensure_streams
+from embedder.queue.protocol import resolve
+
+REPLIES = MetricCounter(
+    "flotilla_jetstream_replies",
+    "Replies read by this gateway: 'delivered' to a waiting request, or 'dropped' "
+    "(a duplicate after a redelivery, or its request already gave up).",
+    ["outcome"],
+)
+
+
+async def connect(url: str, name: str) -> Client:
+    """A connection that reconnects for as long as it takes: a request waiting meanwhile
+    is bounded by its own deadline, not by the connection."""
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+
+class JetStreamSubmitter(Lifecycle):
+    """``put`` publishes the job (acknowledged by the stream) and returns a future; the
+    reply on ``inbox`` resolves it."""
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        inbox: str,
+        config: JetStreamConfig | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url
+        self.inbox = inbox
+        self.config = config or JetStreamConfig()
+        self.clock = clock
+        self.dropped_replies = 0
+        self._waiters: dict[str, tuple[asyncio.Future[JobResult], str]] = {}
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        if self._nc is not None:
+            return
+        nc = await connect(self.url, f"flotilla-gateway {self.inbox}")
+        try:
+            js = nc.jetstream()
+            await ensure_streams(js, self.config)
+            self._sub = await nc.subscribe(self.inbox, cb=self._on_reply)
+            await nc.flush()  # subscribed on the server before the first request goes out
+        except BaseException:
+            await nc.close()
+            raise
+        self._nc, self._js = nc, js
+
+    async def stop(self) -> None:
+        nc, self._nc = self._nc, None
+        if nc is None:
+            return
+        for future, _ in list(self._waiters.values()):
+            if not future.done():
+                future.set_exception(NotReady("the gateway is shutting down"))
+        await nc.close()
+
+    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+        if self._nc is None or self._js is None:
+            raise NotReady("the JetStream work queue is not started")
+        if job.id in self._waiters:
+            raise ValueError(f"job id {job.id!r} is already queued")
+        limit = min(self.config.max_message_bytes, self._nc.max_payload)
+        if len(job.body) > limit:
+            raise LimitExceeded(
+                f"the request is over {limit} bytes, the largest message the work queue "
+                "takes: split it, or raise --nats-max-message-bytes (and the server's "
+                "max_payload)"
+            )
+        future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
+        self._waiters[job.id] = (future, job.model)
+        future.add_done_callback(functools.partial(self._forget, job.id))
+        remaining = job.deadline - self.clock()
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            # The stream's acknowledgement: the job is stored, so a worker will see it.
+            await self._js.publish(
+                self.config.subject(job.model),
+                job.body,
+                timeout=remaining,
+                headers=wire.encode_job(job, self.inbox),
+            )
+        except (TimeoutError, nats.errors.TimeoutError):
+            future.cancel()
+            raise DeadlineExceeded(
+                "the work queue (JetStream) did not take the request in time"
+            ) from None
+        except MaxPayloadError:
+            future.cancel()
+            raise LimitExceeded(
+                "the request is over the NATS server's max_payload: split it"
+            ) from None
+        except NatsError as exc:
+            future.cancel()
+            raise NotReady(f"the work queue (JetStream) refused the request: {exc!r}") from exc
+        return future
+
+    def _forget(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
+        entry = self._waiters.get(job_id)
+        if entry is not None and entry[0] is future:
+            del self._waiters[job_id]
+
+    def depth(self) -> Counter[str]:
+        """This gateway's jobs without a reply yet, per model (queued or running)."""
+        return Counter(model for _, model in self._waiters.values())
+
+    async def _on_reply(self, msg: Msg) -> None:
+        entry = self._waiters.pop(wire.reply_id(msg.headers) or "", None)
+        if entry is None or entry[0].done():
+            self.dropped_replies += 1
+            REPLIES.labels("dropped").inc()
+            return
+        try:
+            outcome = wire.decode_outcome(msg.headers, msg.data)
+        except wire.MalformedRecord as exc:
+            outcome = InferenceFailed(f"the worker's reply could not be read: {exc}")
+        resolve(entry[0], outcome)
+        REPLIES.labels("delivered").inc()

