@@ -44,6 +44,7 @@ bench: kafka-jars
 	$(BIN)/flotilla bench hostpath
 	$(BIN)/flotilla bench adaptive
 	$(BIN)/flotilla bench soak
+	$(BIN)/flotilla bench queue-latency
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -424,6 +424,7 @@ for _name, _module, _help in (
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
     ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
+    ("queue-latency", "bench.queue_latency", "One request through JetStream against in-process."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 
