@@ -3,6 +3,7 @@ the workloads' requests and the summary. No processes start here."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -75,7 +76,7 @@ def test_workload_requests_carry_their_models_and_sizes() -> None:
     slow = cluster_rate(requests.workload, FALLBACK, [1.0, 3.0])
     assert slow == pytest.approx(cluster_rate(requests.workload, FALLBACK, [1.0]) * 4 / 3)
     times = build("bursty", 400, FALLBACK, 7).arrivals(100.0)
-    assert all(b >= a for a, b in zip(times, times[1:], strict=False))
+    assert all(b >= a for a, b in itertools.pairwise(times))
 
 
 def _run(workload: str, mode: str, load: float, tps: float, p99: float) -> dict[str, Any]:
