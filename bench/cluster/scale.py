@@ -314,7 +314,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--max-host-rps",
         type=float,
-        default=150.0,
+        default=80.0,
         help="the cluster's capacity in small requests/s that the devices are "
         "slowed to: what this machine's host path carries in under half its cores",
     )
