@@ -286,7 +286,8 @@ def _names(allowed: Sequence[str]) -> Any:
 QUICK = {
     "workers": 16,
     "duration_s": 3.0,
-    "loads": [0.6, 1.0],
+    "loads": [0.8],
+    "policies": ["rr", "least+own"],
     "refresh_ms": [50.0],
     "n_requests": 4000,
 }
