@@ -40,6 +40,7 @@ bench: kafka-jars
 	$(BIN)/flotilla bench ingest
 	$(BIN)/flotilla bench cluster
 	$(BIN)/flotilla bench cluster --real
+	$(BIN)/flotilla bench cluster --scale
 	$(BIN)/flotilla bench adapters
 	$(BIN)/flotilla bench hostpath
 	$(BIN)/flotilla bench adaptive

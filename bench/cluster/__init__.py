@@ -1,6 +1,7 @@
 """The push-versus-pull study: ``flotilla bench cluster`` runs it simulated
 (``bench.cluster.sim``, the default) or with real processes on this machine
-(``--real``: ``bench.cluster.real``).
+(``--real``: ``bench.cluster.real``; ``--scale``: 16-64 emulated worker processes,
+``bench.cluster.scale``).
 
 The entry imports its side only when called, so that importing the package costs
 nothing and the simulation never loads the real run's HTTP and Kafka stack."""
@@ -12,6 +13,11 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(argv or [])
+    if "--scale" in args:
+        args.remove("--scale")
+        from bench.cluster import scale
+
+        return scale.main(args)
     if "--real" in args:
         args.remove("--real")
         from bench.cluster import real

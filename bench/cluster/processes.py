@@ -82,8 +82,17 @@ class Children:
         self.env = dict(env)
         self.started: list[Child] = []
 
-    def start(self, name: str, module: str, args: Sequence[str], port: int | None = None) -> Child:
-        child = Child(name, module, args, self.logs / f"{name}.log", self.env, port)
+    def start(
+        self,
+        name: str,
+        module: str,
+        args: Sequence[str],
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Child:
+        """``env`` adds to the run's environment for this child alone (its device)."""
+        child = Child(name, module, args, self.logs / f"{name}.log", {**self.env, **(env or {})},
+                      port)  # fmt: skip
         self.started.append(child)
         return child
 

@@ -9,14 +9,20 @@ and not yet answered, so queued plus running), polled from its ``/metrics`` ever
 ms and stale in between, the way a load balancer fed by periodic load reports sees
 its backends. ``rr`` reads no view, so the router polls nothing for it.
 
+With a hosting map (``--hosting '{"model": [0, 2], ...}'``: worker indices per model)
+the router reads each request's ``model`` field and the policy chooses among the workers
+that host it only (round-robin keeps one turn per model); a model the map does not name
+goes to any worker.
+
     python -m bench.cluster.router --worker URL --worker URL [--policy least] [--refresh-ms 50]
-        [--port 8090]
+        [--hosting JSON] [--port 8090]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import math
 import random
@@ -101,9 +107,14 @@ class Router:
         *,
         bytes_per_token: float = 4.0,
         seed: int = 0,
+        hosting: dict[str, list[int]] | None = None,
     ) -> None:
         if not workers:
             raise ValueError("the router needs at least one worker")
+        self.hosting = {m: sorted(set(ws)) for m, ws in (hosting or {}).items()}
+        if any(not ws or min(ws) < 0 or max(ws) >= len(workers) for ws in self.hosting.values()):
+            raise ValueError("every hosted model needs workers among the router's")
+        self._turns: dict[str, int] = {}  # round-robin turn per hosted model
         self.workers = [url.rstrip("/") for url in workers]
         self.policy_name = policy
         self.policy = POLICIES[policy]
@@ -185,8 +196,17 @@ class Router:
 
     # -- placing and forwarding ---------------------------------------------------------
 
-    def place(self, tokens: int) -> int:
-        i = self.policy(self.routing, self.rng)
+    def place(self, tokens: int, model: str | None = None) -> int:
+        hosts = self.hosting.get(model) if model is not None else None
+        if hosts is None:
+            i = self.policy(self.routing, self.rng)
+        else:  # the same policy over the model's hosts only
+            r = self.routing
+            turn = self._turns.get(model or "", 0)
+            self._turns[model or ""] = turn + 1
+            sub = Routing(len(hosts), [r.view[h] for h in hosts],
+                          [r.sent_since_view[h] for h in hosts], turn)  # fmt: skip
+            i = hosts[self.policy(sub, self.rng)]
         self.routing.turn += 1
         self.routing.sent_since_view[i] += tokens
         self._sent[i] += tokens
@@ -198,7 +218,8 @@ class Router:
     async def forward(self, request: web.Request) -> web.Response:
         assert self._session is not None
         body = await request.read()
-        i = self.place(max(1, math.ceil(len(body) / self.bytes_per_token)))
+        model = _model_of(body) if self.hosting else None
+        i = self.place(max(1, math.ceil(len(body) / self.bytes_per_token)), model)
         headers = {k: request.headers[k] for k in REQUEST_HEADERS if k in request.headers}
         try:
             async with self._session.post(
@@ -214,6 +235,14 @@ class Router:
             )
         self.stats.by_status[str(status)] = self.stats.by_status.get(str(status), 0) + 1
         return web.Response(status=status, body=payload, headers={**passed, "x-worker": str(i)})
+
+
+def _model_of(body: bytes) -> str | None:
+    try:
+        model = json.loads(body).get("model")
+    except (ValueError, AttributeError):
+        return None
+    return model if isinstance(model, str) else None
 
 
 def build_app(router: Router) -> web.Application:
@@ -252,6 +281,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8090)
     parser.add_argument("--bytes-per-token", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hosting", type=json.loads, default=None,
+        help='JSON: the worker indices that host each model, {"model": [0, 2]}',
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.refresh_ms <= 0:
         parser.error("--refresh-ms must be positive")
@@ -262,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.refresh_ms,
         bytes_per_token=args.bytes_per_token,
         seed=args.seed,
+        hosting=args.hosting,
     )
     web.run_app(build_app(router), host=args.host, port=args.port, print=None, access_log=None)
     return 0

@@ -7,12 +7,21 @@ model: ``bench.hostpath`` asks how many tokens per second the host could feed a 
 The sleep releases the GIL as a device's kernels do.
 
 Passes are cut as the torch runtime cuts them (``micro_batches`` with the profile's
-``forward_tokens`` and ``forward_max_sequences``); each pass sleeps for its padded
-tokens (rows × longest row) at ``FLOTILLA_EMULATED_MS_PER_1K_TOKENS`` milliseconds per
-1,000 (default 0): 1.0 emulates a device that runs 1M padded tokens/s.
+``forward_tokens`` and ``forward_max_sequences``). One forward (one batch) sleeps once,
+for the cost a measured runtime's fit gives it (``bench.cluster.calibrate`` fits the line
+to real batch timings; ``bench.cluster.emulation`` turns a fit into these settings)::
 
-This module imports neither torch nor sentence-transformers (``transformers`` may import
-torch itself when it is installed).
+    sleep_s = slowdown * (fixed + per padded token * padded tokens + per sequence * rows)
+
+read from the worker's environment: ``FLOTILLA_EMULATED_FIXED_MS`` (per forward, default
+0), ``FLOTILLA_EMULATED_MS_PER_1K_TOKENS`` (per 1,000 padded tokens, rows × longest row of
+each pass, default 0: 1.0 emulates a device that runs 1M padded tokens/s),
+``FLOTILLA_EMULATED_MS_PER_SEQUENCE`` (default 0) and ``FLOTILLA_EMULATED_SLOWDOWN``
+(default 1: 3 emulates a device three times slower, two or three generations old).
+
+This module imports neither torch nor sentence-transformers; a folder with a
+``tokenizer.json`` is tokenized through ``tokenizers`` alone (``file_tokenizer``), so a
+worker on the emulated device never imports ``transformers`` (which imports torch).
 """
 
 from __future__ import annotations
@@ -32,9 +41,13 @@ from embedder.errors import AdapterInvalid
 from embedder.fleet import DeviceKind, ModelSpec
 from embedder.jobs import Task
 from embedder.runtimes import Encoded, RuntimeInfo
+from embedder.runtimes.file_tokenizer import FileTokenizer, has_file_tokenizer
 from embedder.runtimes.tokenizing import Tokenizing
 
 MS_PER_1K_TOKENS_ENV = "FLOTILLA_EMULATED_MS_PER_1K_TOKENS"
+FIXED_MS_ENV = "FLOTILLA_EMULATED_FIXED_MS"
+MS_PER_SEQUENCE_ENV = "FLOTILLA_EMULATED_MS_PER_SEQUENCE"
+SLOWDOWN_ENV = "FLOTILLA_EMULATED_SLOWDOWN"
 _TABLE_ROWS = 4096  # two tables of this many rows: 16M distinct vectors
 
 
@@ -88,10 +101,17 @@ class EmulatedRuntime(Tokenizing):
         forward_tokens: int,
         forward_max_sequences: int,
         ms_per_1k_tokens: float = 0.0,
+        fixed_ms: float = 0.0,
+        ms_per_sequence: float = 0.0,
+        slowdown: float = 1.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if ms_per_1k_tokens < 0:
-            raise ValueError(f"{MS_PER_1K_TOKENS_ENV} must be >= 0, got {ms_per_1k_tokens}")
+        for name, value in ((MS_PER_1K_TOKENS_ENV, ms_per_1k_tokens), (FIXED_MS_ENV, fixed_ms),
+                            (MS_PER_SEQUENCE_ENV, ms_per_sequence)):  # fmt: skip
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if slowdown <= 0:
+            raise ValueError(f"{SLOWDOWN_ENV} must be > 0, got {slowdown}")
         self.spec = spec
         self.tokenizer = tokenizer
         self.dimension = dimension
@@ -99,6 +119,9 @@ class EmulatedRuntime(Tokenizing):
         self.forward_tokens = forward_tokens
         self.forward_max_sequences = forward_max_sequences
         self.ms_per_1k_tokens = ms_per_1k_tokens
+        self.fixed_ms = fixed_ms
+        self.ms_per_sequence = ms_per_sequence
+        self.slowdown = slowdown
         self.sleep = sleep
         self.last_passes: list[tuple[int, int]] = []  # (rows, padded width) of the last forward
         width = 1 if dimension is None else dimension
@@ -107,7 +130,8 @@ class EmulatedRuntime(Tokenizing):
         self.info = RuntimeInfo(
             kind="bi-encoder" if dimension is not None else "cross-encoder",
             device="emulated",
-            dtype=f"emulated ({ms_per_1k_tokens:g} ms per 1k padded tokens)",
+            dtype=f"emulated ({fixed_ms:g} ms + {ms_per_1k_tokens:g} ms per 1k padded tokens"
+            f" + {ms_per_sequence:g} ms per sequence, x{slowdown:g})",
             dimension=dimension,
             max_tokens=max_tokens,
         )
@@ -118,9 +142,9 @@ class EmulatedRuntime(Tokenizing):
         lengths = [len(ids) for ids in encoded.ids]
         passes = micro_batches(lengths, self.forward_tokens, self.forward_max_sequences)
         self.last_passes = [(len(rows), max(lengths[i] for i in rows)) for rows in passes]
-        for rows, width in self.last_passes:
-            if self.ms_per_1k_tokens:
-                self.sleep(rows * width * self.ms_per_1k_tokens / 1e6)
+        seconds = self.cost_s(self.last_passes)
+        if seconds > 0:
+            self.sleep(seconds)  # once per batch: many short sleeps would each overshoot
         # hash() of a tuple of ints does not depend on PYTHONHASHSEED: the same ids give
         # the same vector in every process.
         keys = np.fromiter(
@@ -133,6 +157,15 @@ class EmulatedRuntime(Tokenizing):
         )
         return out if self.dimension is not None else out[:, 0].copy()
 
+    def cost_s(self, passes: Sequence[tuple[int, int]]) -> float:
+        """What one forward of these (rows, padded width) passes costs on this device."""
+        if not passes:
+            return 0.0
+        padded = sum(rows * width for rows, width in passes)
+        rows = sum(r for r, _ in passes)
+        ms = self.fixed_ms + padded * self.ms_per_1k_tokens / 1e3 + rows * self.ms_per_sequence
+        return self.slowdown * ms / 1e3
+
     def load_adapter(self, name: str, folder: Path) -> None:
         raise AdapterInvalid(
             f"the emulated device serves no adapters: serve {self.spec.name!r} on a real "
@@ -144,16 +177,15 @@ class EmulatedRuntime(Tokenizing):
 
 
 def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> EmulatedRuntime:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tokenizer is local; never reach a hub
-    from transformers import AutoTokenizer
-
     folder = spec.source.resolve()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    raw = os.environ.get(MS_PER_1K_TOKENS_ENV, "0")
-    try:
-        ms_per_1k = float(raw)
-    except ValueError:
-        raise ValueError(f"{MS_PER_1K_TOKENS_ENV} must be a number, got {raw!r}") from None
+    tokenizer: object
+    if has_file_tokenizer(folder):
+        tokenizer = FileTokenizer(folder)
+    else:  # a slow (Python) tokenizer only transformers builds
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tokenizer is local; never a hub
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
     profile = spec.profile(device_kind)
     return EmulatedRuntime(
         spec,
@@ -162,5 +194,18 @@ def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> EmulatedRunt
         max_tokens=min(spec.max_tokens, folder_window(folder, tokenizer)),
         forward_tokens=profile.forward_tokens,
         forward_max_sequences=profile.forward_max_sequences,
-        ms_per_1k_tokens=ms_per_1k,
+        ms_per_1k_tokens=_env_ms(MS_PER_1K_TOKENS_ENV, 0.0),
+        fixed_ms=_env_ms(FIXED_MS_ENV, 0.0),
+        ms_per_sequence=_env_ms(MS_PER_SEQUENCE_ENV, 0.0),
+        slowdown=_env_ms(SLOWDOWN_ENV, 1.0),
     )
+
+
+def _env_ms(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None

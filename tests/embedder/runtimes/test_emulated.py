@@ -13,7 +13,14 @@ from embedder.errors import AdapterInvalid
 from embedder.fleet import Fleet, ModelSpec, load_fleet
 from embedder.jobs import Task
 from embedder.runtimes import RUNTIMES, Runtime, load_runtime
-from embedder.runtimes.emulated import MS_PER_1K_TOKENS_ENV, EmulatedRuntime, load
+from embedder.runtimes.emulated import (
+    FIXED_MS_ENV,
+    MS_PER_1K_TOKENS_ENV,
+    MS_PER_SEQUENCE_ENV,
+    SLOWDOWN_ENV,
+    EmulatedRuntime,
+    load,
+)
 from tests.gateway.conftest import hub_offline
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
@@ -113,7 +120,7 @@ class Sleeps:
         self.calls.append(seconds)
 
 
-def test_the_sleep_follows_each_pass_of_padded_tokens(tiny: ModelSpec) -> None:
+def test_one_sleep_per_forward_for_its_passes_of_padded_tokens(tiny: ModelSpec) -> None:
     sleeps = Sleeps()
     with hub_offline():
         base = load(on(tiny, "emulated"), "cpu", 1)
@@ -134,7 +141,28 @@ def test_the_sleep_follows_each_pass_of_padded_tokens(tiny: ModelSpec) -> None:
     shapes = [(len(rows), max(lengths[i] for i in rows)) for rows in passes]
     assert runtime.last_passes == shapes
     assert len(shapes) > 1  # the pass limits cut this batch
-    assert sleeps.calls == pytest.approx([n * width * 2.5e-6 for n, width in shapes])
+    assert sleeps.calls == pytest.approx([sum(n * width for n, width in shapes) * 2.5e-6])
+
+
+def test_the_calibrated_cost_is_fixed_plus_padded_tokens_plus_sequences_times_slowdown(
+    tiny: ModelSpec,
+) -> None:
+    sleeps = Sleeps()
+    with hub_offline():
+        base = load(on(tiny, "emulated"), "cpu", 1)
+    runtime = EmulatedRuntime(
+        tiny, base.tokenizer, dimension=32, max_tokens=64, forward_tokens=96,
+        forward_max_sequences=3, ms_per_1k_tokens=2.0, fixed_ms=5.0, ms_per_sequence=0.5,
+        slowdown=3.0, sleep=sleeps,
+    )  # fmt: skip
+    encoded = runtime.tokenize(TEXTS * 2, "right")
+    runtime.forward(encoded)
+    padded = sum(n * width for n, width in runtime.last_passes)
+    want_ms = 3.0 * (5.0 + 2.0 * padded / 1e3 + 0.5 * len(TEXTS) * 2)
+    assert sleeps.calls == pytest.approx([want_ms / 1e3])
+    assert runtime.cost_s([]) == 0.0  # an empty batch costs nothing, not the fixed cost
+    runtime.forward(runtime.tokenize(TEXTS[:1], "right"))
+    assert sleeps.calls[-1] == pytest.approx(3.0 * (5.0 + 2.0 * 3 / 1e3 + 0.5) / 1e3)
 
 
 def test_no_sleep_by_default(both: tuple[Runtime, Runtime]) -> None:
@@ -151,12 +179,34 @@ def test_the_sleep_knob_comes_from_the_environment(
     tiny: ModelSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(MS_PER_1K_TOKENS_ENV, "1.5")
+    monkeypatch.setenv(FIXED_MS_ENV, "4")
+    monkeypatch.setenv(MS_PER_SEQUENCE_ENV, "0.25")
+    monkeypatch.setenv(SLOWDOWN_ENV, "3")
     with hub_offline():
-        assert load(tiny, "cpu", 1).ms_per_1k_tokens == 1.5
-    for bad in ("fast", "-1"):
-        monkeypatch.setenv(MS_PER_1K_TOKENS_ENV, bad)
-        with pytest.raises(ValueError, match=MS_PER_1K_TOKENS_ENV), hub_offline():
+        runtime = load(tiny, "cpu", 1)
+    assert (runtime.ms_per_1k_tokens, runtime.fixed_ms, runtime.ms_per_sequence) == (1.5, 4, 0.25)
+    assert runtime.slowdown == 3
+    for name, bad in ((MS_PER_1K_TOKENS_ENV, "fast"), (MS_PER_1K_TOKENS_ENV, "-1"),
+                      (FIXED_MS_ENV, "-2"), (SLOWDOWN_ENV, "0")):  # fmt: skip
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name), hub_offline():
             load(tiny, "cpu", 1)
+        monkeypatch.delenv(name)
+
+
+def test_a_worker_on_the_emulated_device_never_imports_torch() -> None:
+    import subprocess
+    import sys
+
+    spec = load_fleet().get("all-minilm-l6-v2")
+    code = (
+        "import sys; from embedder.fleet import load_fleet; from embedder.runtimes.emulated "
+        "import load; rt = load(load_fleet().get('all-minilm-l6-v2'), 'cpu', 1); "
+        "print(len(rt.tokenize(['a short text'], 'right').ids[0]), "
+        "'torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["5", "False", "False"], (spec.name, out.stderr)
 
 
 def test_a_rerank_model_gives_one_score_per_pair(tiny: ModelSpec) -> None:
