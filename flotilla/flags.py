@@ -99,20 +99,7 @@ PROGRESS = frozenset({"progress_interval_s"})
 # Both halves of the work queue (Kafka or JetStream) and the worker heartbeats.
 WORK_QUEUE = frozenset(
     {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}
-    | {
-        "nats",
-        "nats_stream",
-        "nats_subject_prefix",
-        "nats_storage",
-        "nats_ack_wait_s",
-        "nats_max_ack_pending",
-        "nats_max_deliver",
-        "nats_nak_delay_ms",
-        "nats_max_age_s",
-        "nats_max_bytes",
-        "nats_max_message_bytes",
-        "nats_replicas",
-    }
+    | set(GROUPS["JetStream"])
 )
 
 

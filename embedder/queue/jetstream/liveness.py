@@ -19,10 +19,11 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.kv import KeyValue
 
-from embedder.jobs import ModelState, ModelStates
+from embedder.jobs import ModelStates
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream.streams import JetStreamConfig, workers_bucket
 from embedder.queue.jetstream.submitter import connect
+from embedder.queue.remote_workers import RemoteWorkers
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class _Seen:
     models: dict[str, dict[str, Any]]
 
 
-class FleetLiveness(Lifecycle):
+class FleetLiveness(RemoteWorkers, Lifecycle):
     """The gateway's ``ModelStates`` when its workers pull from JetStream."""
 
     def __init__(
@@ -166,24 +167,3 @@ class FleetLiveness(Lifecycle):
             log.warning("unreadable liveness entry %r: %s", entry.value[:200], exc)
             return
         self._workers[entry.key] = _Seen(expires, models)
-
-    def live(self) -> dict[str, dict[str, dict[str, Any]]]:
-        now = self.clock()
-        return {worker: seen.models for worker, seen in self._workers.items() if seen.expires > now}
-
-    def state(self, model: str) -> ModelState:
-        states = {m[model].get("state") for m in self.live().values() if model in m}
-        if "ready" in states:
-            return "ready"
-        if "loading" in states or not states:
-            return "loading"
-        return "failed"
-
-    def describe(self, model: str) -> dict[str, object]:
-        serving = [
-            m[model] for m in self.live().values() if m.get(model, {}).get("state") == "ready"
-        ]
-        if not serving:
-            return {"workers": 0}
-        info = {k: v for k, v in serving[0].items() if k != "state"}
-        return {**info, "workers": len(serving)}

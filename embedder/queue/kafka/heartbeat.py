@@ -23,10 +23,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, ConsumerRecord
 from aiokafka.errors import KafkaError
 
-from embedder.jobs import ModelState, ModelStates
+from embedder.jobs import ModelStates
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.kafka import topics
 from embedder.queue.kafka.reader import TopicReader
+from embedder.queue.remote_workers import RemoteWorkers
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class _Seen:
     models: dict[str, dict[str, Any]]
 
 
-class FleetStatus(Lifecycle):
+class FleetStatus(RemoteWorkers, Lifecycle):
     """The gateway's ``ModelStates`` when its workers are other processes."""
 
     def __init__(self, *, bootstrap: str, topic: str, clock: Callable[[], float] = time.time):
@@ -166,25 +167,3 @@ class FleetStatus(Lifecycle):
             self._workers.pop(worker, None)
         elif worker not in self._workers or self._workers[worker].at <= at:
             self._workers[worker] = _Seen(at, expires, models)
-
-    def live(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """Workers heard from lately, with their models."""
-        now = self.clock()
-        return {worker: seen.models for worker, seen in self._workers.items() if seen.expires > now}
-
-    def state(self, model: str) -> ModelState:
-        states = {m[model].get("state") for m in self.live().values() if model in m}
-        if "ready" in states:
-            return "ready"
-        if "loading" in states or not states:
-            return "loading"
-        return "failed"
-
-    def describe(self, model: str) -> dict[str, object]:
-        serving = [
-            m[model] for m in self.live().values() if m.get(model, {}).get("state") == "ready"
-        ]
-        if not serving:
-            return {"workers": 0}
-        info = {k: v for k, v in serving[0].items() if k != "state"}
-        return {**info, "workers": len(serving)}
