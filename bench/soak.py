@@ -237,19 +237,20 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     corpus = texts.build(args.n_texts)
-    spec = served.served_spec(served.parse_args([]))
+    from embedder.fleet import load_fleet
+
+    model = load_fleet().default_model  # the server runs the bundled fleet
     port = free_port()
     log_path = report.results_dir() / f"{args.out}-server.log"
     print(f"starting the server on {HOST}:{port} (log: {log_path})")
-    threads = args.threads or 0
-    with served.server(port, threads, log_path, args.ready_timeout_s, None, "cpu") as pid:
-        traffic = Traffic(corpus, spec.name, args.collection, seed=7)
+    with served.server(port, args.threads, log_path, args.ready_timeout_s, None, "cpu") as pid:
+        traffic = Traffic(corpus, model, args.collection, seed=7)
         soak = asyncio.run(run(args, f"http://{HOST}:{port}", pid, traffic))
     summary = summarize(soak, args)
     result = {
         "benchmark": "soak",
-        "model": spec.name,
-        "machine": report.machine(threads),
+        "model": model,
+        "machine": report.machine(args.threads),
         "args": json.loads(json.dumps(vars(args), default=str)),
         **summary,
     }

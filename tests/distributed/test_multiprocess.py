@@ -16,6 +16,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -105,6 +106,36 @@ def processes() -> Iterator[list[Process]]:
                 p.proc.wait()
 
 
+@dataclass
+class Cluster:
+    gateway: Process
+    workers: list[Process]
+    worker_ports: list[int]  # each worker's own /metrics
+
+
+def start_cluster(
+    procs: list[Process], shared: list[str], port: int, n_workers: int, tmp_path: Path
+) -> Cluster:
+    """One gateway on ``port`` and ``n_workers`` workers (each with its own metrics
+    port), all on the ``shared`` queue arguments; added to ``procs`` to be cleaned up."""
+    gateway_args = [
+        *shared, "--host", "127.0.0.1", "--port", str(port),
+        "--reply-topic-prefix", unique_name("replies"), "--gateway-id", "gw",
+        "--request-timeout-s", str(REQUEST_TIMEOUT_S),
+    ]  # fmt: skip
+    gateway = Process("gateway", gateway_args, tmp_path / "gateway.log")
+    procs.append(gateway)
+    worker_args = [*shared, "--device", "cpu", "--threads", "1"]
+    ports = [free_port() for _ in range(n_workers)]
+    workers = [
+        Process("worker", [*worker_args, "--worker-port", str(ports[i])],
+                tmp_path / f"worker-{i}.log")
+        for i in range(n_workers)
+    ]  # fmt: skip
+    procs.extend(workers)
+    return Cluster(gateway, workers, ports)
+
+
 def mixed_requests(seed: int = 7) -> list[tuple[str, dict[str, object], list[str]]]:
     """(route, body, texts): OpenAI and TEI shapes, 1-8 inputs of 1-30 words."""
     rng = random.Random(seed)
@@ -176,22 +207,9 @@ async def test_kill_9_a_worker_under_load_every_request_answered_once_right_or_5
         "--worker-group", unique_name("workers"), "--status-topic", unique_name("status"),
         "--log-level", "warning",
     ]  # fmt: skip
-    gateway_args = [
-        *shared, "--host", "127.0.0.1", "--port", str(port),
-        "--reply-topic-prefix", unique_name("replies"), "--gateway-id", "gw",
-        "--request-timeout-s", str(REQUEST_TIMEOUT_S),
-    ]  # fmt: skip
-    worker_args = [*shared, "--device", "cpu", "--threads", "1"]
     with processes() as procs:
-        gateway = Process("gateway", gateway_args, tmp_path / "gateway.log")
-        procs.append(gateway)
-        worker_ports = [free_port() for _ in range(2)]
-        workers = [
-            Process("worker", [*worker_args, "--worker-port", str(worker_ports[i])],
-                    tmp_path / f"worker-{i}.log")
-            for i in range(2)
-        ]  # fmt: skip
-        procs.extend(workers)
+        cluster = start_cluster(procs, shared, port, 2, tmp_path)
+        gateway, workers, worker_ports = cluster.gateway, cluster.workers, cluster.worker_ports
         # The reference vectors, computed while the workers load their models.
         want = await asyncio.to_thread(
             expected_vectors, fleet_file, [t for _, _, texts in requests for t in texts]

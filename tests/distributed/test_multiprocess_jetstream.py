@@ -20,12 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.distributed.test_multiprocess import (
     CONCURRENCY,
     MIN_COSINE,
+    REQUEST_TIMEOUT_S,
     REQUESTS,
-    Process,
     expected_vectors,
     free_port,
     mixed_requests,
     processes,
+    start_cluster,
     vectors_of,
     wait_until_serving,
 )
@@ -39,7 +40,6 @@ pytestmark = pytest.mark.slow
 KILL_AFTER = 200  # answers before worker 0 is killed
 FREEZE_AFTER = 450  # answers before worker 1 is frozen
 FREEZE_S = 3.0
-REQUEST_TIMEOUT_S = 15.0
 
 
 @pytest.fixture(scope="module")
@@ -73,22 +73,9 @@ async def test_kill_one_worker_and_freeze_another_every_request_answered_once(
         # A dead or frozen worker's requests go to the others after 2 s, within deadline.
         "--nats-ack-wait-s", "2", "--log-level", "warning",
     ]  # fmt: skip
-    gateway_args = [
-        *shared, "--host", "127.0.0.1", "--port", str(port),
-        "--reply-topic-prefix", unique_name("replies"), "--gateway-id", "gw",
-        "--request-timeout-s", str(REQUEST_TIMEOUT_S),
-    ]  # fmt: skip
-    worker_args = [*shared, "--device", "cpu", "--threads", "1"]
     with processes() as procs:
-        gateway = Process("gateway", gateway_args, tmp_path / "gateway.log")
-        procs.append(gateway)
-        worker_ports = [free_port() for _ in range(3)]
-        workers = [
-            Process("worker", [*worker_args, "--worker-port", str(worker_ports[i])],
-                    tmp_path / f"worker-{i}.log")
-            for i in range(3)
-        ]  # fmt: skip
-        procs.extend(workers)
+        cluster = start_cluster(procs, shared, port, 3, tmp_path)
+        gateway, workers, worker_ports = cluster.gateway, cluster.workers, cluster.worker_ports
         want = await asyncio.to_thread(
             expected_vectors, fleet_file, [t for _, _, texts in requests for t in texts]
         )
