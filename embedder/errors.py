@@ -62,6 +62,14 @@ class TaskNotSupported(FlotillaError):
     code = "task_not_supported"
 
 
+class ContextWindowExceeded(FlotillaError):
+    """A generation request whose prompt (plus the tokens it asks for) does not fit the
+    model's context window; the message says how long it was and the limit."""
+
+    http_status = 400
+    code = "context_length_exceeded"  # the code OpenAI's API answers with
+
+
 class Overloaded(FlotillaError):
     """Admission refused: too many tokens in flight for this model."""
 

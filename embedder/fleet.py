@@ -8,6 +8,7 @@ gateway can read the fleet to validate model names and limits.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
@@ -46,6 +47,12 @@ class Source(BaseModel):
         default=None,
         description="An importable package with get_model_path() or a model/ folder beside it.",
     )
+    file: str | None = Field(
+        default=None,
+        description="A file inside the folder that holds the weights (a GGUF file). With "
+        "'package', the folder is the package's own directory, found without importing it "
+        "(weights packages often import their own inference libraries).",
+    )
     import_: str | None = Field(
         default=None,
         alias="import",
@@ -56,8 +63,10 @@ class Source(BaseModel):
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
         if self.import_ is not None:
-            if self.package is not None:
-                raise ValueError("an 'import' source takes no 'package' (the importer knows it)")
+            if self.package is not None or self.file is not None:
+                raise ValueError(
+                    "an 'import' source takes no 'package' or 'file' (the importer knows them)"
+                )
             if self.import_ not in IMPORTERS:
                 raise ValueError(
                     f"no importer named {self.import_!r}; known: {', '.join(sorted(IMPORTERS))}"
@@ -84,6 +93,15 @@ class Source(BaseModel):
             return import_model(self.import_, out).folder
         if self.path is not None:
             folder = self.path.expanduser()
+        elif self.file is not None:
+            assert self.package is not None
+            found = importlib.util.find_spec(self.package)
+            if found is None or found.origin is None:
+                raise FleetError(
+                    f"package {self.package!r} is not installed: pip install --no-deps "
+                    f"{self.package.replace('_', '-')}"
+                )
+            folder = Path(found.origin).parent
         else:
             assert self.package is not None
             try:
@@ -100,6 +118,8 @@ class Source(BaseModel):
                 folder = Path(str(module.__file__)).parent / "model"
         if not folder.is_dir():
             raise FleetError(f"model folder {folder} does not exist")
+        if self.file is not None and not (folder / self.file).is_file():
+            raise FleetError(f"weights file {self.file} is not in {folder}")
         return folder
 
 
@@ -135,9 +155,17 @@ class Profile(BaseModel):
         "single-request latency, many get full batches. None keeps the fixed wait.",
     )
     max_batch_tokens: int = Field(
-        default=8192, gt=0, description="Estimated tokens the worker takes per batch."
+        default=8192,
+        gt=0,
+        description="Estimated tokens the worker takes per batch. Generation: the KV budget, "
+        "each running sequence counting its prompt plus the new tokens it may still make.",
     )
-    max_batch_requests: int = Field(default=64, gt=0, description="Requests per batch at most.")
+    max_batch_requests: int = Field(
+        default=64,
+        gt=0,
+        description="Requests per batch at most. Generation: sequences running at once "
+        "(each decode step runs them all).",
+    )
     max_wait_ms: float = Field(
         default=2.0,
         ge=0,
@@ -149,6 +177,13 @@ class Profile(BaseModel):
         description="Padded tokens per forward pass; small on CPU (cache), large on GPU.",
     )
     forward_max_sequences: int = Field(default=64, gt=0, description="Sequences per forward pass.")
+    prefill_chunk_tokens: int = Field(
+        default=128,
+        gt=0,
+        description="Generation: a prompt is prefilled this many tokens per step, between "
+        "the decode steps of the running sequences. Smaller: running streams stall less "
+        "while a long prompt joins; larger: the prompt's first token comes sooner.",
+    )
     max_resident_adapters: int = Field(
         default=8,
         gt=0,
@@ -173,7 +208,24 @@ class ModelSpec(BaseModel):
         default="model", description="'model' keeps the pooling the model folder configures."
     )
     normalize: bool = True
-    max_tokens: int = Field(default=512, gt=0, description="Longest input, in model tokens.")
+    max_tokens: int = Field(
+        default=512,
+        gt=0,
+        description="Longest input, in model tokens; for a generation model its context "
+        "window (prompt plus generated tokens).",
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="Generation: the Jinja chat template that turns messages into a prompt; "
+        "None takes the one in the model's tokenizer config.",
+    )
+    max_new_tokens: int = Field(
+        default=256,
+        gt=0,
+        description="Generation: tokens a request gets when it sets no max_tokens. Each "
+        "running request reserves its prompt plus these in the KV budget "
+        "(max_batch_tokens): larger defaults admit fewer requests at once.",
+    )
     aliases: tuple[str, ...] = ()
     adapters: dict[str, Path] = Field(
         default_factory=dict,

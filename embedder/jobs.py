@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 class Task(enum.StrEnum):
     EMBED = "embed"
     RERANK = "rerank"
+    GENERATE = "generate"
 
 
 class ApiShape(enum.StrEnum):
@@ -32,6 +33,8 @@ class ApiShape(enum.StrEnum):
     COHERE_EMBED_V2 = "cohere_embed_v2"
     COHERE_RERANK_V2 = "cohere_rerank_v2"
     RAW_VECTORS = "raw_vectors"  # internal (ingest, search): TEI body in, float32 bytes out
+    OPENAI_CHAT = "openai_chat"  # /v1/chat/completions
+    OPENAI_COMPLETIONS = "openai_completions"  # /v1/completions
 
 
 TASK_OF_SHAPE: dict[ApiShape, Task] = {
@@ -44,6 +47,8 @@ TASK_OF_SHAPE: dict[ApiShape, Task] = {
     ApiShape.COHERE_EMBED_V2: Task.EMBED,
     ApiShape.COHERE_RERANK_V2: Task.RERANK,
     ApiShape.RAW_VECTORS: Task.EMBED,
+    ApiShape.OPENAI_CHAT: Task.GENERATE,
+    ApiShape.OPENAI_COMPLETIONS: Task.GENERATE,
 }
 
 

@@ -6,6 +6,26 @@ serves one machine; ``kafka`` spans many. Importing this package or
 service needs none.
 """
 
-from embedder.queue.protocol import JobPuller, JobSubmitter, Outcome, WorkQueue, resolve
+from embedder.queue.protocol import (
+    JobPuller,
+    JobSubmitter,
+    Outcome,
+    Partial,
+    ReplyStream,
+    StreamingPuller,
+    StreamingSubmitter,
+    WorkQueue,
+    resolve,
+)
 
-__all__ = ["JobPuller", "JobSubmitter", "Outcome", "WorkQueue", "resolve"]
+__all__ = [
+    "JobPuller",
+    "JobSubmitter",
+    "Outcome",
+    "Partial",
+    "ReplyStream",
+    "StreamingPuller",
+    "StreamingSubmitter",
+    "WorkQueue",
+    "resolve",
+]

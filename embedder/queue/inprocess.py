@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Iterator
 
 from embedder.batching import take_within, urgency
 from embedder.jobs import EmbedJob, JobResult
-from embedder.queue.protocol import Outcome, resolve
+from embedder.queue.protocol import Outcome, Partial, ReplyStream, resolve
 
 
 class InProcessQueue:
@@ -25,6 +25,7 @@ class InProcessQueue:
     def __init__(self) -> None:
         self._heaps: dict[str, list[tuple[tuple[float, int, float, str], EmbedJob]]] = {}
         self._waiters: dict[str, asyncio.Future[JobResult]] = {}
+        self._streams: dict[str, ReplyStream] = {}
         self._available = asyncio.Condition()
 
     async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
@@ -38,10 +39,26 @@ class InProcessQueue:
             self._available.notify_all()
         return future
 
+    async def put_streaming(self, job: EmbedJob) -> ReplyStream:
+        stream = ReplyStream(await self.put(job))
+        self._streams[job.id] = stream
+        return stream
+
+    async def partial(self, job_id: str, partial: Partial) -> bool:
+        if job_id not in self._waiters:
+            return False
+        stream = self._streams.get(job_id)
+        if stream is not None:
+            stream.push(partial)
+        return True
+
     def _forget(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
         """Drop a finished future's entry, but never a newer job's under the same id."""
         if self._waiters.get(job_id) is future:
             del self._waiters[job_id]
+        stream = self._streams.get(job_id)
+        if stream is not None and stream.future is future:
+            del self._streams[job_id]
 
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float

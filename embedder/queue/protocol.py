@@ -5,6 +5,19 @@ Gateways ``put`` annotated jobs and await the returned future; workers
 job with its result or error. Nothing pushes work at a worker. A queue that
 spans machines is split in two: the gateway holds a ``JobSubmitter``, the
 worker a ``JobPuller``; the in-process queue of one machine is both.
+
+**Streams.** A job may be answered in parts (generation streams its tokens): the
+worker sends ``Partial`` chunks through ``StreamingPuller.partial`` and then the final
+outcome through ``complete`` as for any job; a gateway that wants the parts puts the
+job with ``StreamingSubmitter.put_streaming`` and reads a ``ReplyStream``: every
+partial in order, then the outcome. ``partial`` answering False means nobody listens
+any more (the client left): the worker stops that job at its next step. A partial's
+``seq`` counts from 0 per job. Across machines the same seam carries them as messages
+on the gateway's reply inbox, each with the job id, its ``seq`` and a final marker on
+the outcome; the receiver puts them in ``seq`` order and drops duplicates (a
+redelivered message), so a stream survives reordering. The in-process queue carries
+streams today; the distributed substrates answer streaming requests whole until their
+inbox carries partials.
 """
 
 from __future__ import annotations
@@ -12,7 +25,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Collection, Iterable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from embedder.errors import FlotillaError
 from embedder.jobs import EmbedJob, JobResult
@@ -56,6 +70,60 @@ class JobPuller(Protocol):
 
 class WorkQueue(JobSubmitter, JobPuller, Protocol):
     """Both halves in one object: the in-process queue of a single machine."""
+
+
+@dataclass(frozen=True, slots=True)
+class Partial:
+    """One part of a streamed answer, ``seq`` counting from 0 per job."""
+
+    seq: int
+    body: bytes
+
+
+class ReplyStream:
+    """What a gateway reads of a streamed job: its partials in order, then its outcome.
+    The stream is bounded by what the job makes (a generation job sends at most one
+    partial a token, up to its max_tokens), so the buffer needs no bound of its own."""
+
+    def __init__(self, future: asyncio.Future[JobResult]) -> None:
+        self.future = future
+        self._partials: asyncio.Queue[Partial] = asyncio.Queue()
+
+    def push(self, partial: Partial) -> None:
+        self._partials.put_nowait(partial)
+
+    async def next(self) -> Partial | JobResult:
+        """The next partial, else the outcome (an error raises) once no partial is left."""
+        if not self._partials.empty():
+            return self._partials.get_nowait()
+        getter = asyncio.ensure_future(self._partials.get())
+        try:
+            waiting: set[asyncio.Future[Any]] = {getter, self.future}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
+        return self.future.result()
+
+    def cancel(self) -> None:
+        """Withdraw the job: the worker stops it at its next step."""
+        self.future.cancel()
+
+
+@runtime_checkable
+class StreamingSubmitter(Protocol):
+    async def put_streaming(self, job: EmbedJob) -> ReplyStream:
+        """``put``, answered in parts."""
+        ...
+
+
+@runtime_checkable
+class StreamingPuller(Protocol):
+    async def partial(self, job_id: str, partial: Partial) -> bool:
+        """Send a part of a job's answer; False when nobody waits for the job any more."""
+        ...
 
 
 def resolve(future: asyncio.Future[JobResult], outcome: Outcome) -> None:

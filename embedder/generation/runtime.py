@@ -1,0 +1,143 @@
+"""A causal LM and its tokenizer on one device, loaded with transformers.
+
+A GGUF file (``source: {package: ..., file: x.gguf}``) is dequantized at load; a folder
+of safetensors loads as it is. ``dtype: auto`` on a CPU times a few decode steps in
+fp32 and bf16 and keeps bf16 only where it is at least 10% faster *and* its greedy
+tokens on a calibration prompt equal fp32's; which wins depends on the CPU, so it is
+measured rather than assumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from embedder.fleet import DeviceKind, ModelSpec
+from embedder.generation.kv import KVBatch, prefill
+
+log = logging.getLogger(__name__)
+
+BF16_MIN_GAIN = 1.10
+_CALIBRATION = "The capital of France is Paris. The capital of Germany is"
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorInfo:
+    kind: Literal["generator"]
+    device: str
+    dtype: str
+    max_tokens: int  # the context window: prompt plus generated tokens
+    chat_template: bool  # whether chat requests can be rendered
+
+
+class GenerationRuntime:
+    def __init__(self, spec: ModelSpec, model: Any, tokenizer: Any, dtype: str) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.chat_template: str | None = spec.chat_template or tokenizer.chat_template
+        # GGUF configs may name no end of sequence: the tokenizer's counts too.
+        eos = model.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        self.eos_token_ids = frozenset(ids)
+        model.generation_config.eos_token_id = sorted(ids) or None
+        self.info = GeneratorInfo(
+            kind="generator",
+            device=str(model.device),
+            dtype=dtype,
+            max_tokens=spec.max_tokens,
+            chat_template=self.chat_template is not None,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self.tokenizer(text)["input_ids"]
+        return ids
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """The prompt's tokens for chat messages, through the chat template."""
+        text = self.tokenizer.apply_chat_template(
+            list(messages),
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        # The template writes the special tokens itself (a BOS among them, if any).
+        ids: list[int] = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return text
+
+
+def _load_model(spec: ModelSpec, dtype: torch.dtype, device: DeviceKind) -> tuple[Any, Any]:
+    folder = spec.source.resolve()
+    kwargs: dict[str, Any] = {"gguf_file": spec.source.file} if spec.source.file else {}
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
+    return model.to("cuda" if device == "cuda" else "cpu").eval(), tokenizer
+
+
+def _greedy_and_time(model: Any, ids: list[int], steps: int) -> tuple[list[int], float]:
+    """Greedy tokens after ``ids`` and the seconds per decode step of a batch of 8."""
+    cache, logits = prefill(model, None, ids, 0)
+    out = [int(torch.argmax(logits))]
+    batch = KVBatch()
+    batch.join(cache, len(ids))
+    for _ in range(steps - 1):
+        out.append(int(torch.argmax(batch.step(model, [out[-1]])[0])))
+    rows = KVBatch()
+    for _ in range(8):
+        rows.join(prefill(model, None, ids, 0)[0], len(ids))
+    start = time.perf_counter()
+    for _ in range(4):
+        rows.step(model, [out[0]] * 8)
+    return out, (time.perf_counter() - start) / 4
+
+
+def _auto_dtype(spec: ModelSpec, model: Any, tokenizer: Any, device: DeviceKind) -> tuple[Any, str]:
+    if device == "cuda":
+        return model.to(torch.bfloat16), "bfloat16"
+    ids = tokenizer(_CALIBRATION)["input_ids"]
+    reference, fp32_s = _greedy_and_time(model, ids, 12)
+    bf16 = _load_model(spec, torch.bfloat16, device)[0]
+    tokens, bf16_s = _greedy_and_time(bf16, ids, 12)
+    _, fp32_s2 = _greedy_and_time(model, ids, 2)  # once more: a busy host slows both alike
+    fp32_s = min(fp32_s, fp32_s2)
+    gain = fp32_s / bf16_s
+    if tokens == reference and gain >= BF16_MIN_GAIN:
+        log.info("%s: bfloat16 (%.2fx fp32's decode step, same greedy tokens)", spec.name, gain)
+        return bf16, "bfloat16"
+    why = "greedy tokens differ" if tokens != reference else f"only {gain:.2f}x"
+    log.info("%s: float32 (bfloat16 %s)", spec.name, why)
+    return model, "float32"
+
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def load(spec: ModelSpec, device: DeviceKind, threads: int) -> GenerationRuntime:
+    if threads:
+        torch.set_num_threads(threads)
+    asked = spec.profile(device).dtype
+    if asked != "auto" and asked not in DTYPES:
+        raise ValueError(
+            f"model {spec.name!r}: generation runs float32, bfloat16, float16 or auto, "
+            f"not {asked!r}"
+        )
+    model, tokenizer = _load_model(spec, DTYPES.get(asked, torch.float32), device)
+    dtype = asked
+    if asked == "auto":
+        model, dtype = _auto_dtype(spec, model, tokenizer, device)
+    return GenerationRuntime(spec, model, tokenizer, dtype)
