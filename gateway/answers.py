@@ -105,6 +105,56 @@ class CohereRerankV2Response(BaseModel):
     meta: CohereMeta
 
 
+# -- OpenAI generation ---------------------------------------------------------------
+
+
+class CompletionUsage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """With ``stream: true``: text/event-stream of chat.completion.chunk objects."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: CompletionUsage
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    """With ``stream: true``: text/event-stream of text_completion objects."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage
+
+
 # -- collections -------------------------------------------------------------------------
 
 

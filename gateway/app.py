@@ -13,12 +13,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from embedder.adapters import AdapterCatalog
 from embedder.fleet import Fleet
-from embedder.jobs import ApiShape, ModelStates
+from embedder.jobs import TASK_OF_SHAPE, ApiShape, ModelStates, Task
 from embedder.queue import JobSubmitter
 from gateway import handlers, metrics
 from gateway.answers import IngestReadiness, Readiness
 from gateway.config import GatewayConfig
 from gateway.documents import add_document_routes
+from gateway.generate import GenerateRoute
 from gateway.openapi import ApiDocs
 from gateway.schemas import DOCUMENTED, SEARCH
 from gateway.search import CollectionSearch
@@ -38,6 +39,8 @@ ROUTES: dict[str, ApiShape] = {
     "/v1/rerank": ApiShape.COHERE_RERANK,
     "/v2/embed": ApiShape.COHERE_EMBED_V2,
     "/v2/rerank": ApiShape.COHERE_RERANK_V2,
+    "/v1/chat/completions": ApiShape.OPENAI_CHAT,
+    "/v1/completions": ApiShape.OPENAI_COMPLETIONS,
 }
 
 
@@ -60,7 +63,9 @@ def create_app(
     docs = ApiDocs()
 
     def handler(shape: ApiShape) -> Callable[[Request], Awaitable[Response]]:
-        route = ShapeRoute(shape)
+        route: ShapeRoute | GenerateRoute = (
+            GenerateRoute(shape) if TASK_OF_SHAPE[shape] is Task.GENERATE else ShapeRoute(shape)
+        )
 
         async def handle(request: Request) -> Response:
             return await gateway.handle(request, route)

@@ -22,7 +22,8 @@ REF = "#/components/schemas/{model}"
 
 # What a route that takes a body can answer besides 200, and when (the README's table).
 BODY_ERRORS: dict[int, str] = {
-    400: "The model cannot do this route's task (embedding with a reranker).",
+    400: "The model cannot do this route's task (embedding with a reranker), or a prompt "
+    "plus max_tokens over a generation model's context window (the message says both).",
     401: "--api-keys is set and the bearer token is missing or unknown.",
     404: "Unknown model, adapter or collection; the message lists the known ones.",
     408: "The body stopped arriving for --body-timeout-s; the connection closes.",

@@ -159,6 +159,59 @@ class CohereRerankV2Request(_Body):
     max_tokens_per_doc: Positive | None = None
 
 
+# -- OpenAI generation ---------------------------------------------------------------
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(description="system, user, assistant (as the chat template knows).")
+    content: str | list[TextContent] | None = None
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = Field(
+        default=False, description="One more chunk before [DONE] with the usage counts."
+    )
+
+
+class _Generation(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as OpenAI does
+
+    model: str | None = Field(
+        default=None, description="A generation model of the fleet (GET /v1/models)."
+    )
+    max_tokens: Positive | None = Field(
+        default=None,
+        description="New tokens at most; unset, the model's max_new_tokens. Prompt plus "
+        "this over the model's window answers 400.",
+    )
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(
+        default=None, description="0 is greedy; unset, 1."
+    )
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=4)] | None = Field(
+        default=None, description="Generation ends before the first of these strings."
+    )
+    seed: Int64 | None = Field(default=None, description="Repeats a sampled answer.")
+    n: Literal[1] | None = Field(default=None, description="One choice per request (else 422).")
+    stream: bool | None = Field(default=None, description="Server-sent events, then [DONE].")
+    stream_options: StreamOptions | None = None
+
+
+class ChatCompletionRequest(_Generation):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Positive | None = Field(
+        default=None, description="OpenAI's newer name for max_tokens; wins over it."
+    )
+
+
+class CompletionRequest(_Generation):
+    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] | list[int] = Field(
+        description="One prompt: a string (or a list of one), or token ids."
+    )
+
+
 # -- collections -------------------------------------------------------------------------
 
 
@@ -215,6 +268,8 @@ DOCUMENTED: dict[ApiShape, Bodies] = {
     ApiShape.COHERE_RERANK: Bodies(CohereRerankRequest, answers.CohereRerankResponse),
     ApiShape.COHERE_EMBED_V2: Bodies(CohereEmbedV2Request, answers.CohereEmbedV2Response),
     ApiShape.COHERE_RERANK_V2: Bodies(CohereRerankV2Request, answers.CohereRerankV2Response),
+    ApiShape.OPENAI_CHAT: Bodies(ChatCompletionRequest, answers.ChatCompletionResponse),
+    ApiShape.OPENAI_COMPLETIONS: Bodies(CompletionRequest, answers.CompletionResponse),
 }
 SEARCH = Bodies(SearchRequest, answers.SearchResponse)
 UPSERT = Bodies(DocumentsUpsert, answers.DocumentsUpserted)

@@ -10,7 +10,7 @@ import hmac
 import logging
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -46,6 +46,19 @@ class Route(Protocol):
 
     async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
         """The response to send for the worker's result (most routes send it as is)."""
+        ...
+
+
+@runtime_checkable
+class StreamingRoute(Protocol):
+    """A route that may answer in parts (generation's server-sent events)."""
+
+    def streams(self, job: EmbedJob) -> bool:
+        """Whether this job's client asked for a stream."""
+        ...
+
+    async def stream(self, gateway: Gateway, request: Request, job: EmbedJob) -> Response:
+        """Admit, enqueue and answer the job in parts as the worker sends them."""
         ...
 
 
@@ -104,6 +117,11 @@ class Gateway:
             job = await route.job(self, request, body, start)
             model = job.model
             self.check_ready(model)
+            if isinstance(route, StreamingRoute) and route.streams(job):
+                # Counted when its first part is out: the request time is the first token's.
+                response = await route.stream(self, request, job)
+                status = 200
+                return response
             result = await route.respond(job, await self.run(request, job))
             status = 200
         except ClientGone as exc:

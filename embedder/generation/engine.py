@@ -320,7 +320,7 @@ class GenerationEngine(Lifecycle):
         for s in [*self.rows, *done_first]:
             if s.finish is not None:
                 await self._complete(s)
-            elif s.out:
+            elif s.out and self.streams is not None:  # else all of it goes with the outcome
                 await self._send(s)
         self._leave()
 
@@ -328,7 +328,8 @@ class GenerationEngine(Lifecycle):
         body, s.out = s.out, b""
         assert self.streams is not None
         if not await self.streams.partial(s.job.id, Partial(s.sent, body)):
-            s.finish = "cancelled"
+            s.finish = "cancelled"  # the client left: the sequence stops here
+            metrics.JOBS.labels(self.name, "cancelled").inc()
         s.sent += 1
 
     async def _complete(self, s: Sequence) -> None:
@@ -342,7 +343,9 @@ class GenerationEngine(Lifecycle):
             media = "application/json"
         s.out = b""
         now = self.clock()
-        timings = Timings(queue_s=max(0.0, s.started - s.job.enqueued_at), inference_s=now - s.started)
+        timings = Timings(
+            queue_s=max(0.0, s.started - s.job.enqueued_at), inference_s=now - s.started
+        )
         metrics.JOBS.labels(self.name, "ok").inc()
         result = JobResult(
             body=body,

@@ -10,6 +10,8 @@ would alone: the suite checks this token for token against ``model.generate``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
@@ -49,10 +51,13 @@ class KVBatch:
             self.mask = torch.ones(1, length, dtype=torch.long)
             return
         width = max(self.width, length)
-        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-            assert mine.keys is not None and mine.values is not None
-            assert theirs.keys is not None and theirs.values is not None
-            mine.keys = torch.cat([_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)])
+        # Full-attention layers, each with keys and values (batch, heads, tokens, dim).
+        layers: list[Any] = list(self.cache.layers)
+        joining: list[Any] = list(cache.layers)
+        for mine, theirs in zip(layers, joining, strict=True):
+            mine.keys = torch.cat(
+                [_pad_left(mine.keys, width, 2), _pad_left(theirs.keys, width, 2)]
+            )
             mine.values = torch.cat(
                 [_pad_left(mine.values, width, 2), _pad_left(theirs.values, width, 2)]
             )
@@ -71,8 +76,8 @@ class KVBatch:
         index = torch.tensor(rows)
         mask = self.mask[index]
         start = int(torch.nonzero(mask.sum(0))[0])  # the first column some row uses
-        for layer in self.cache.layers:
-            assert layer.keys is not None and layer.values is not None
+        layers: list[Any] = list(self.cache.layers)
+        for layer in layers:
             layer.keys = layer.keys[index, :, start:]
             layer.values = layer.values[index, :, start:]
         self.mask = mask[:, start:]

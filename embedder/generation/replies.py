@@ -84,9 +84,7 @@ class Reply:
     def delta(self, text: str) -> bytes:
         return self._event([self._choice({"content": text}, text, None)]) if text else b""
 
-    def closing(
-        self, text: str, finish: str, prompt_tokens: int, completion_tokens: int
-    ) -> bytes:
+    def closing(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> bytes:
         """The last events: the rest of the text with the finish reason, the usage chunk
         when asked for, then [DONE]."""
         last = self._event([self._choice({"content": text} if text else {}, text, finish)])

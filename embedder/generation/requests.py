@@ -158,6 +158,7 @@ def decode(shape: ApiShape, body: bytes) -> GenerateRequest:
                 f"prompt has {len(req.prompt)} strings: send one prompt per request"
             )
     stream = bool(req.stream)
+    usage = stream and req.stream_options is not None and req.stream_options.include_usage
     return GenerateRequest(
         kind="chat" if isinstance(req, _Chat) else "completion",
         messages=messages,
@@ -168,6 +169,6 @@ def decode(shape: ApiShape, body: bytes) -> GenerateRequest:
         stop=_stops(req.stop),
         seed=req.seed,
         stream=stream,
-        include_usage=stream and req.stream_options is not None and req.stream_options.include_usage,
+        include_usage=usage,
         return_token_ids=req.return_token_ids,
     )

@@ -82,7 +82,8 @@ def _load_model(spec: ModelSpec, dtype: torch.dtype, device: DeviceKind) -> tupl
     kwargs: dict[str, Any] = {"gguf_file": spec.source.file} if spec.source.file else {}
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs)
-    return model.to("cuda" if device == "cuda" else "cpu").eval(), tokenizer
+    target: Any = "cuda" if device == "cuda" else "cpu"
+    return model.to(target).eval(), tokenizer
 
 
 def _greedy_and_time(model: Any, ids: list[int], steps: int) -> tuple[list[int], float]:
@@ -137,7 +138,7 @@ def load(spec: ModelSpec, device: DeviceKind, threads: int) -> GenerationRuntime
             f"not {asked!r}"
         )
     model, tokenizer = _load_model(spec, DTYPES.get(asked, torch.float32), device)
-    dtype = asked
+    dtype: str = asked
     if asked == "auto":
         model, dtype = _auto_dtype(spec, model, tokenizer, device)
     return GenerationRuntime(spec, model, tokenizer, dtype)

