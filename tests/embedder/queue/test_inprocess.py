@@ -10,6 +10,7 @@ import pytest
 
 from embedder.errors import InvalidRequest
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.queue import Partial
 from embedder.queue.inprocess import InProcessQueue
 
 # Long enough that no test waits it out by accident, short enough to fail fast if one does.
@@ -185,3 +186,34 @@ async def test_a_duplicate_id_is_rejected_and_the_first_job_kept() -> None:
     assert queue.depth() == {"alpha": 1}
     await queue.complete("same", result("original"))
     assert original.result().body == b"original"
+
+
+async def test_a_streamed_job_gets_its_partials_in_order_then_its_outcome() -> None:
+    queue = InProcessQueue()
+    stream = await queue.put_streaming(job("s"))
+    [pulled] = await queue.pull(["alpha"], 100, WAIT_S)
+    assert await queue.partial(pulled.id, Partial(0, b"a"))
+    assert await queue.partial(pulled.id, Partial(1, b"b"))
+    await queue.complete(pulled.id, result("end"))
+    got = [await asyncio.wait_for(stream.next(), WAIT_S) for _ in range(3)]
+    assert got[:2] == [Partial(0, b"a"), Partial(1, b"b")]
+    assert isinstance(got[2], JobResult) and got[2].body == b"end"
+
+
+async def test_a_streamed_error_is_raised_after_the_partials() -> None:
+    queue = InProcessQueue()
+    stream = await queue.put_streaming(job("s"))
+    assert await queue.partial("s", Partial(0, b"a"))
+    await queue.complete("s", InvalidRequest("bad"))
+    assert await stream.next() == Partial(0, b"a")
+    with pytest.raises(InvalidRequest, match="bad"):
+        await stream.next()
+
+
+async def test_partials_for_a_withdrawn_job_say_nobody_listens() -> None:
+    queue = InProcessQueue()
+    stream = await queue.put_streaming(job("s"))
+    stream.cancel()
+    await asyncio.sleep(0)
+    assert not await queue.partial("s", Partial(0, b"a"))
+    assert queue.cancelled(["s"]) == {"s"}
