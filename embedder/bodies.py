@@ -13,6 +13,7 @@ from typing import Literal
 import msgspec
 
 from embedder import codecs
+from embedder.generation import requests as generation_requests
 from embedder.jobs import ApiShape
 
 # -- Cohere v2 (/v2/embed, /v2/rerank), as the cohere SDK's ClientV2 sends them ---------
@@ -97,4 +98,6 @@ BODIES: dict[ApiShape, type[msgspec.Struct]] = {
     ApiShape.COHERE_EMBED_V2: CohereEmbedV2,
     ApiShape.COHERE_RERANK_V2: CohereRerankV2,
     ApiShape.RAW_VECTORS: codecs._TeiEmbed,
+    ApiShape.OPENAI_CHAT: generation_requests.ChatBody,
+    ApiShape.OPENAI_COMPLETIONS: generation_requests.CompletionBody,
 }

@@ -25,7 +25,7 @@ from starlette.responses import Response, StreamingResponse
 from embedder.errors import DeadlineExceeded, FlotillaError, InvalidRequest, TaskNotSupported
 from embedder.fleet import Fleet, ModelSpec
 from embedder.generation.requests import Routing, check_n, max_new_tokens
-from embedder.jobs import ApiShape, EmbedJob, JobResult, Task
+from embedder.jobs import ApiShape, EmbedJob, JobResult, Task, split_model
 from embedder.queue import JobSubmitter, Partial, ReplyStream, StreamingSubmitter
 from embedder.rawjson import estimate_tokens
 from gateway import metrics
@@ -82,7 +82,12 @@ class GenerateRoute:
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
         fields = routing(body)
         check_n(fields.n)
-        spec = generation_model(gateway.fleet, fields.model)
+        model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
+        spec = generation_model(gateway.fleet, model)
+        if adapter or fields.adapter:
+            raise InvalidRequest(
+                f"model {spec.name!r} serves no adapters: generation runs base models only"
+            )
         bytes_per_token = gateway.config.bytes_per_token
         prompt = estimate_tokens(body, bytes_per_token, spec.max_tokens)
         new = max_new_tokens(fields) or spec.max_new_tokens

@@ -181,6 +181,7 @@ class _Generation(BaseModel):
     model: str | None = Field(
         default=None, description="A generation model of the fleet (GET /v1/models)."
     )
+    adapter: None = Field(default=None, description="Refused (422): no adapters for generation.")
     max_tokens: Positive | None = Field(
         default=None,
         description="New tokens at most; unset, the model's max_new_tokens. Prompt plus "
@@ -197,6 +198,9 @@ class _Generation(BaseModel):
     n: Literal[1] | None = Field(default=None, description="One choice per request (else 422).")
     stream: bool | None = Field(default=None, description="Server-sent events, then [DONE].")
     stream_options: StreamOptions | None = None
+    return_token_ids: bool = Field(
+        default=False, description="vLLM's extension: the generated token ids in each choice."
+    )
 
 
 class ChatCompletionRequest(_Generation):

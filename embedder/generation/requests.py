@@ -26,6 +26,7 @@ class Routing(msgspec.Struct):
     """What the gateway reads of a generation body: enough to size and route the job."""
 
     model: str | None = None
+    adapter: str | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     n: int | None = None
@@ -55,12 +56,12 @@ class _Common(msgspec.Struct):
     return_token_ids: bool = False  # vLLM's extension: the generated ids in each choice
 
 
-class _Chat(_Common):
+class ChatBody(_Common):
     messages: list[_Message] = []
     max_completion_tokens: int | None = None
 
 
-class _Completion(_Common):
+class CompletionBody(_Common):
     prompt: str | list[str | int] | None = None
 
 
@@ -120,7 +121,9 @@ def _stops(stop: str | list[str] | None) -> tuple[str, ...]:
 
 
 def decode(shape: ApiShape, body: bytes) -> GenerateRequest:
-    kind: type[_Chat] | type[_Completion] = _Chat if shape is ApiShape.OPENAI_CHAT else _Completion
+    kind: type[ChatBody] | type[CompletionBody] = (
+        ChatBody if shape is ApiShape.OPENAI_CHAT else CompletionBody
+    )
     try:
         req = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
@@ -137,7 +140,7 @@ def decode(shape: ApiShape, body: bytes) -> GenerateRequest:
     routing = Routing(max_tokens=req.max_tokens, n=req.n)
     messages: tuple[dict[str, str], ...] = ()
     prompt: str | tuple[int, ...] = ""
-    if isinstance(req, _Chat):
+    if isinstance(req, ChatBody):
         routing.max_completion_tokens = req.max_completion_tokens
         if not req.messages:
             raise InvalidRequest("messages is empty: send at least one message")
@@ -160,7 +163,7 @@ def decode(shape: ApiShape, body: bytes) -> GenerateRequest:
     stream = bool(req.stream)
     usage = stream and req.stream_options is not None and req.stream_options.include_usage
     return GenerateRequest(
-        kind="chat" if isinstance(req, _Chat) else "completion",
+        kind="chat" if isinstance(req, ChatBody) else "completion",
         messages=messages,
         prompt=prompt,
         max_new_tokens=max_new_tokens(routing),

@@ -187,3 +187,33 @@ def test_disconnect_mid_stream_stops_the_sequence(server: tuple[str, Any]) -> No
         time.sleep(0.05)
     assert not engine.active
     assert cancelled._value.get() == before + 1  # it left the batch, unfinished
+
+
+def test_embeddings_are_served_during_a_chat_burst(
+    server: tuple[str, Any], client: openai.OpenAI
+) -> None:
+    """One device, both models: embedding batches take turns between decode steps, so
+    they finish while a burst of long streams is still generating."""
+    engine = server[1].generators[LLM]
+
+    def chat() -> None:
+        for _ in client.completions.create(
+            model=LLM, prompt="rent", max_tokens=110, temperature=0, stream=True
+        ):
+            pass
+
+    threads = [threading.Thread(target=chat) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(engine.rows) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(engine.rows) >= 4
+        for _ in range(5):
+            out = client.embeddings.create(model=EMBEDDER, input=["the tenant", "rent"])
+            assert len(out.data) == 2
+        assert engine.rows  # the streams were still running all along
+    finally:
+        for thread in threads:
+            thread.join(timeout=60)
