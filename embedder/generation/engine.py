@@ -35,7 +35,7 @@ from embedder.errors import (
     DeadlineExceeded,
     FlotillaError,
     InferenceFailed,
-    InvalidRequest,
+    TaskNotSupported,
 )
 from embedder.fleet import ModelSpec
 from embedder.generation import requests
@@ -51,7 +51,10 @@ from embedder.turns import DeviceTurns
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.25
+IDLE_POLL_S = 0.25  # how long an idle engine waits for a job before rechecking
+# While sequences run, a pull must not hold up the next step; not 0: a distributed
+# substrate's fetch needs a positive timeout. A step takes tens of milliseconds or more.
+BUSY_POLL_S = 0.001
 _T = TypeVar("_T")
 
 
@@ -177,7 +180,7 @@ class GenerationEngine(Lifecycle):
         room = self.limits.kv_tokens - reserved - sum(j.est_tokens for j in self.pulled)
         count = len(self.active) + len(self.pulled)
         if room > 0 and count < self.limits.max_sequences:
-            timeout = 0.0 if self.active or self.pulled else IDLE_POLL_S
+            timeout = BUSY_POLL_S if self.active or self.pulled else IDLE_POLL_S
             self.pulled += await self.queue.pull([self.name], room, timeout)
         while self.pulled and len(self.active) < self.limits.max_sequences:
             job = self.pulled[0]
@@ -235,7 +238,7 @@ class GenerationEngine(Lifecycle):
             runtime = self.runtime
             if request.kind == "chat":
                 if runtime.chat_template is None:
-                    raise InvalidRequest(
+                    raise TaskNotSupported(
                         f"model {self.name!r} has no chat template: use /v1/completions, or "
                         "give it a chat_template in the fleet file"
                     )

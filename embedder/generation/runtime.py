@@ -9,6 +9,7 @@ measured rather than assumed.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Sequence
@@ -108,7 +109,7 @@ def _auto_dtype(spec: ModelSpec, model: Any, tokenizer: Any, device: DeviceKind)
         return model.to(torch.bfloat16), "bfloat16"
     ids = tokenizer(_CALIBRATION)["input_ids"]
     reference, fp32_s = _greedy_and_time(model, ids, 12)
-    bf16 = _load_model(spec, torch.bfloat16, device)[0]
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)  # not a second load of the weights
     tokens, bf16_s = _greedy_and_time(bf16, ids, 12)
     _, fp32_s2 = _greedy_and_time(model, ids, 2)  # once more: a busy host slows both alike
     fp32_s = min(fp32_s, fp32_s2)

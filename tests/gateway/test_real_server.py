@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "all-minilm-l6-v2"
 E5 = "multilingual-e5-small"
+LLM = "smollm2-135m-instruct"
 # What the project promises against SentenceTransformer.encode (fp32) whatever precision
 # `dtype: auto` or a tuned profile chose: every reduced precision is guarded to it.
 MIN_COSINE = E5_MIN_COSINE = MIN_PRECISION_COSINE
@@ -212,11 +213,22 @@ def test_curl_equivalents(
         assert r["document"] == {"text": docs[r["index"]]}
 
 
+def test_the_bundled_llm_answers_a_chat(real_server: RealServer) -> None:
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    body = {"model": "smollm2", "messages": question, "max_tokens": 16, "temperature": 0}
+    out = httpx.post(f"{real_server.url}/v1/chat/completions", json=body, timeout=60)
+    assert out.status_code == 200, out.text
+    answer = out.json()
+    assert "Paris" in answer["choices"][0]["message"]["content"]
+    assert answer["model"] == LLM and answer["usage"]["completion_tokens"] <= 16
+
+
 def test_probes_and_metrics(real_server: RealServer) -> None:
     served = httpx.post(f"{real_server.url}/embed", json={"model": MODEL, "inputs": "x"})
     assert served.status_code == 200
     ready = httpx.get(f"{real_server.url}/ready", timeout=10)
-    assert ready.json() == {"status": "ready", "models": {MODEL: "ready", E5: "ready"}}
+    models = {MODEL: "ready", E5: "ready", LLM: "ready"}
+    assert ready.json() == {"status": "ready", "models": models}
     metrics = httpx.get(f"{real_server.url}/metrics", timeout=10).text
     assert f'flotilla_tokens_total{{model="{MODEL}"}}' in metrics
     # The precision first, then the runtime's own words (OpenVINO: what it compiled to).

@@ -10,8 +10,10 @@ import json
 import random
 import time
 
+import pytest
 import torch
 
+from embedder.errors import TaskNotSupported
 from embedder.generation.engine import GenerationEngine
 from embedder.generation.runtime import GenerationRuntime
 from embedder.jobs import ApiShape, EmbedJob, JobResult
@@ -77,8 +79,23 @@ async def test_32_concurrent_equal_generate_alone(tiny_runtime: GenerationRuntim
         choice = json.loads(result.body)["choices"][0]
         expected = alone(tiny_runtime, prompt, n)
         assert choice["token_ids"] == expected, prompt
-        assert (
-            choice["finish_reason"]
-            == ("stop" if expected[-1] == 2 and len(expected) <= n else "length")
-            or len(expected) == n
-        )
+        ended = expected[-1] in tiny_runtime.eos_token_ids
+        assert choice["finish_reason"] == ("stop" if ended else "length")
+
+
+async def test_chat_without_a_template_is_refused_alone(tiny_runtime: GenerationRuntime) -> None:
+    spec = tiny_spec().model_copy(update={"chat_template": None})
+    bare = GenerationRuntime(spec, tiny_runtime.model, tiny_runtime.tokenizer, "float32")
+    queue = InProcessQueue()
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    job = EmbedJob.new(
+        "tiny-llm", ApiShape.OPENAI_CHAT, json.dumps(chat).encode(),
+        now=time.time(), timeout_s=60, bytes_per_token=4, est_tokens=10,
+    )  # fmt: skip
+    async with GenerationEngine(queue, spec, bare, DeviceTurns()):
+        refused = await queue.put(job)
+        served = await queue.put(completion_job("rent", 3, bare))
+        with pytest.raises(TaskNotSupported, match="no chat template"):
+            await asyncio.wait_for(refused, 30)
+        result = await asyncio.wait_for(served, 30)
+    assert json.loads(result.body)["usage"]["completion_tokens"] == 3
