@@ -12,12 +12,13 @@ outcome through ``complete`` as for any job; a gateway that wants the parts puts
 job with ``StreamingSubmitter.put_streaming`` and reads a ``ReplyStream``: every
 partial in order, then the outcome. ``partial`` answering False means nobody listens
 any more (the client left): the worker stops that job at its next step. A partial's
-``seq`` counts from 0 per job. Across machines the same seam carries them as messages
-on the gateway's reply inbox, each with the job id, its ``seq`` and a final marker on
-the outcome; the receiver puts them in ``seq`` order and drops duplicates (a
-redelivered message), so a stream survives reordering. The in-process queue carries
-streams today; the distributed substrates answer streaming requests whole until their
-inbox carries partials.
+``seq`` counts from 0 per job. The JetStream substrate carries parts as messages on
+the gateway's reply inbox, like the outcome: each with the job id and its ``seq`` (the
+outcome has none, which marks it final); the gateway puts them in ``seq`` order and
+drops repeats (a redelivered job answered again), and parts and outcome of one worker
+travel one connection, so the outcome comes after its parts. What it does not carry yet
+is the gateway's withdrawal: a client that leaves a distributed stream stops its
+sequence only when the deadline passes. The Kafka request queue answers streams whole.
 """
 
 from __future__ import annotations

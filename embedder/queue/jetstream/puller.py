@@ -25,7 +25,7 @@ from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.dead_letters import DeadLetters
 from embedder.queue.jetstream.streams import JetStreamConfig, ensure_consumer, ensure_streams
 from embedder.queue.jetstream.submitter import connect
-from embedder.queue.protocol import Outcome
+from embedder.queue.protocol import Outcome, Partial
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +180,19 @@ class JetStreamPuller(Lifecycle):
             await held.msg.ack()
         except NatsError as exc:
             log.warning("reply for %s failed (redelivered after ack_wait): %r", job_id, exc)
+
+    async def partial(self, job_id: str, partial: Partial) -> bool:
+        """Publish a part of a streamed answer to the job's reply subject, on the same
+        connection as its outcome will go: the gateway reads them in order."""
+        held = self._held.get(job_id)
+        if held is None or not self._answers or self._nc is None:
+            return False
+        payload, headers = wire.encode_partial(job_id, partial)
+        try:
+            await self._nc.publish(held.reply_to, payload, headers=headers)
+        except NatsError as exc:  # the part is lost; the outcome still comes
+            log.warning("part %d of %s failed: %r", partial.seq, job_id, exc)
+        return True
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         """Jobs this worker no longer answers for: unknown (handed back) or abandoned."""

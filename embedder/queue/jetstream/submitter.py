@@ -24,7 +24,7 @@ from embedder.jobs import EmbedJob, JobResult
 from embedder.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.streams import JetStreamConfig, ensure_streams
-from embedder.queue.protocol import resolve
+from embedder.queue.protocol import Partial, ReplyStream, resolve
 
 REPLIES = MetricCounter(
     "flotilla_jetstream_replies",
@@ -58,6 +58,7 @@ class JetStreamSubmitter(Lifecycle):
         self.clock = clock
         self.dropped_replies = 0
         self._waiters: dict[str, tuple[asyncio.Future[JobResult], str]] = {}
+        self._streams: dict[str, _Reassembly] = {}
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._sub: Subscription | None = None
@@ -126,17 +127,35 @@ class JetStreamSubmitter(Lifecycle):
             raise NotReady(f"the work queue (JetStream) refused the request: {exc!r}") from exc
         return future
 
+    async def put_streaming(self, job: EmbedJob) -> ReplyStream:
+        stream = ReplyStream(await self.put(job))
+        self._streams[job.id] = _Reassembly(stream)
+        return stream
+
     def _forget(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
         entry = self._waiters.get(job_id)
         if entry is not None and entry[0] is future:
             del self._waiters[job_id]
+        parts = self._streams.get(job_id)
+        if parts is not None and parts.stream.future is future:
+            del self._streams[job_id]
 
     def depth(self) -> Counter[str]:
         """This gateway's jobs without a reply yet, per model (queued or running)."""
         return Counter(model for _, model in self._waiters.values())
 
     async def _on_reply(self, msg: Msg) -> None:
-        entry = self._waiters.pop(wire.reply_id(msg.headers) or "", None)
+        job_id = wire.reply_id(msg.headers) or ""
+        try:
+            part = wire.decode_partial(msg.headers, msg.data)
+        except wire.MalformedRecord:
+            part = None  # read as the outcome below, which then fails to decode
+        if part is not None:
+            parts = self._streams.get(job_id)
+            if parts is None or not parts.add(part):
+                REPLIES.labels("dropped").inc()
+            return
+        entry = self._waiters.pop(job_id, None)
         if entry is None or entry[0].done():
             self.dropped_replies += 1
             REPLIES.labels("dropped").inc()
@@ -147,3 +166,22 @@ class JetStreamSubmitter(Lifecycle):
             outcome = InferenceFailed(f"the worker's reply could not be read: {exc}")
         resolve(entry[0], outcome)
         REPLIES.labels("delivered").inc()
+
+
+class _Reassembly:
+    """A streamed job's parts in ``seq`` order: a part ahead of its turn waits for the
+    ones before it, a part seen before (a redelivered job answered again) is dropped."""
+
+    def __init__(self, stream: ReplyStream) -> None:
+        self.stream = stream
+        self.next_seq = 0
+        self.ahead: dict[int, Partial] = {}
+
+    def add(self, part: Partial) -> bool:
+        if part.seq < self.next_seq or part.seq in self.ahead:
+            return False
+        self.ahead[part.seq] = part
+        while self.next_seq in self.ahead:
+            self.stream.push(self.ahead.pop(self.next_seq))
+            self.next_seq += 1
+        return True

@@ -7,7 +7,7 @@ from __future__ import annotations
 from embedder.jobs import EmbedJob
 from embedder.queue.kafka import wire as records
 from embedder.queue.kafka.wire import MalformedRecord
-from embedder.queue.protocol import Outcome
+from embedder.queue.protocol import Outcome, Partial
 
 __all__ = ["DEAD_REASON", "MalformedRecord", "decode_job", "decode_outcome", "encode_job"]
 
@@ -16,6 +16,7 @@ Headers = dict[str, str]
 MSG_ID = "Nats-Msg-Id"  # JetStream stores a publish retried with the same id once
 DEAD_REASON = "flotilla-dead-reason"
 DEAD_DELIVERIES = "flotilla-dead-deliveries"
+PART = "flotilla-part"  # on a part of a streamed answer: its seq; the outcome has none
 
 
 def _to_nats(headers: records.Headers) -> Headers:
@@ -47,3 +48,19 @@ def reply_id(headers: Headers | None) -> str | None:
 
 def decode_outcome(headers: Headers | None, payload: bytes) -> Outcome:
     return records.decode_outcome(_from_nats(headers), payload)
+
+
+def encode_partial(job_id: str, partial: Partial) -> tuple[bytes, Headers]:
+    """A part of a streamed answer, to the job's reply subject like its outcome."""
+    return partial.body, {records.ID: job_id, PART: str(partial.seq)}
+
+
+def decode_partial(headers: Headers | None, payload: bytes) -> Partial | None:
+    """The part a reply message carries; None when it is the outcome (no part header)."""
+    seq = (headers or {}).get(PART)
+    if seq is None:
+        return None
+    try:
+        return Partial(int(seq), payload)
+    except ValueError:
+        raise MalformedRecord(f"part number {seq!r} is not an integer") from None

@@ -26,7 +26,8 @@ from embedder.queue.jetstream.streams import (
     subject_token,
     workers_bucket,
 )
-from embedder.queue.jetstream.submitter import JetStreamSubmitter
+from embedder.queue.jetstream.submitter import JetStreamSubmitter, _Reassembly
+from embedder.queue.protocol import Partial, ReplyStream
 from tests.distributed.helpers import eventually
 from tests.kafka.fixtures import unique_name
 from tests.nats.server import NatsServer
@@ -112,6 +113,30 @@ async def test_round_trip_result_and_error_then_nothing_is_left(
             lambda: _empty(js, config), "the acked jobs to leave the work queue", WAIT_S
         )
         await nc.close()
+
+
+async def test_a_streamed_answer_arrives_in_parts_then_whole(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        stream = await submitter.put_streaming(job("s1"))
+        [pulled] = await puller.pull(["alpha"], 1_000, WAIT_S)
+        for seq, body in enumerate([b"a", b"b", b"c"]):
+            assert await puller.partial(pulled.id, Partial(seq, body))
+        await puller.complete(pulled.id, result("end"))
+        async with asyncio.timeout(WAIT_S):
+            got = [await stream.next() for _ in range(4)]
+        assert got[:3] == [Partial(0, b"a"), Partial(1, b"b"), Partial(2, b"c")]
+        assert isinstance(got[3], JobResult) and got[3].body == b"end"
+        assert not await puller.partial(pulled.id, Partial(3, b"late"))  # answered: no more
+
+
+async def test_parts_are_put_in_order_and_repeats_dropped() -> None:
+    stream = ReplyStream(asyncio.get_running_loop().create_future())
+    parts = _Reassembly(stream)
+    added = [parts.add(Partial(n, bytes([n]))) for n in (1, 0, 0, 2, 1)]
+    assert added == [True, True, False, True, False]
+    assert [await stream.next() for _ in range(3)] == [Partial(n, bytes([n])) for n in range(3)]
 
 
 async def _empty(js: nats.js.JetStreamContext, config: JetStreamConfig) -> bool:

@@ -1,0 +1,63 @@
+"""A streamed generation through the JetStream work queue (a real nats-server): the
+engine pulls the job from the stream, its parts reach the gateway's inbox in order, and
+together they are the text of the same request answered whole."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import orjson
+
+from embedder.generation.engine import GenerationEngine
+from embedder.generation.runtime import GenerationRuntime
+from embedder.jobs import ApiShape, EmbedJob, JobResult
+from embedder.queue import Partial
+from embedder.queue.jetstream.puller import JetStreamPuller
+from embedder.queue.jetstream.streams import JetStreamConfig
+from embedder.queue.jetstream.submitter import JetStreamSubmitter
+from embedder.turns import DeviceTurns
+from tests.embedder.generation.conftest import tiny_spec
+from tests.kafka.fixtures import unique_name
+from tests.nats.server import NatsServer
+
+
+def completion(stream: bool) -> EmbedJob:
+    body = {"prompt": "the tenant", "max_tokens": 12, "temperature": 0, "stream": stream}
+    return EmbedJob.new(
+        "tiny-llm", ApiShape.OPENAI_COMPLETIONS, json.dumps(body).encode(),
+        now=time.time(), timeout_s=30, bytes_per_token=4, est_tokens=20,
+    )  # fmt: skip
+
+
+def texts(events: bytes) -> str:
+    chunks = [line.removeprefix(b"data: ") for line in events.split(b"\n\n") if line]
+    assert chunks[-1] == b"[DONE]"
+    return "".join(orjson.loads(c)["choices"][0]["text"] for c in chunks[:-1])
+
+
+async def test_parts_travel_the_gateway_inbox(
+    nats_server: NatsServer, tiny_runtime: GenerationRuntime
+) -> None:
+    tag = unique_name("g").replace("-", "_").upper()
+    config = JetStreamConfig(
+        stream=f"JOBS_{tag}", subject_prefix=f"jobs.{tag}", dead_stream=f"DEAD_{tag}",
+        dead_prefix=f"dead.{tag}", workers_bucket=f"workers_{tag}", storage="memory",
+    )  # fmt: skip
+    submitter = JetStreamSubmitter(url=nats_server.url, inbox=unique_name("inbox"), config=config)
+    puller = JetStreamPuller(url=nats_server.url, config=config)
+    async with (
+        submitter,
+        puller,
+        GenerationEngine(puller, tiny_spec(), tiny_runtime, DeviceTurns()),
+    ):
+        whole: JobResult = await asyncio.wait_for(await submitter.put(completion(False)), 30)
+        stream = await submitter.put_streaming(completion(True))
+        parts: list[Partial] = []
+        async with asyncio.timeout(30):
+            while isinstance(event := await stream.next(), Partial):
+                parts.append(event)
+    assert len(parts) >= 2 and [p.seq for p in parts] == list(range(len(parts)))
+    streamed = texts(b"".join(p.body for p in parts) + event.body)
+    assert streamed == json.loads(whole.body)["choices"][0]["text"]
