@@ -63,6 +63,12 @@ class NatsServer:
         return f"nats://{HOST}:{self._port}"
 
     @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("nats-server is not running")
+        return self._process.pid
+
+    @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 

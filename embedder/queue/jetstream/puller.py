@@ -74,6 +74,7 @@ class JetStreamPuller(Lifecycle):
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._subs: dict[str, JetStreamContext.PullSubscription] = {}
+        self._fetching: dict[JetStreamContext.PullSubscription, asyncio.Future[list[Msg]]] = {}
         self._held: dict[str, _Held] = {}
         self._tokens_per_job = FIRST_GUESS_TOKENS
         self._serving = False
@@ -105,6 +106,7 @@ class JetStreamPuller(Lifecycle):
             return
         self._serving = False
         await cancel_and_wait(self._keepalive)
+        await self._hand_back_fetching()
         await self._hand_back_held()
         assert self._dead is not None
         await self._dead.stop()
@@ -125,6 +127,7 @@ class JetStreamPuller(Lifecycle):
                 await asyncio.wait_for(self._released.wait(), remaining)
         left = len(self._held)
         self._answers = False
+        await self._hand_back_fetching()
         await self._hand_back_held()
         return left
 
@@ -199,29 +202,40 @@ class JetStreamPuller(Lifecycle):
     async def _fetch(
         self, subs: list[JetStreamContext.PullSubscription], batch: int, timeout_s: float
     ) -> list[Msg]:
-        async def one(sub: JetStreamContext.PullSubscription) -> list[Msg]:
-            try:
-                return await sub.fetch(batch, timeout=max(timeout_s, 0.001))
-            except TimeoutError:
-                return []
-            except NatsError as exc:
-                log.warning("fetching requests failed: %r", exc)
-                await asyncio.sleep(timeout_s)
-                return []
+        if len(subs) == 1 and not self._fetching:
+            return await self._fetch_one(subs[0], batch, timeout_s)
+        # Several models: one fetch per model runs at a time, and the first that brings
+        # something ends the wait. The others are left running, never cancelled: a
+        # cancelled fetch drops the messages it already took, and those would wait out
+        # ``ack_wait`` before redelivery. What they bring comes with the next pull.
+        for sub in subs:
+            if sub not in self._fetching:
+                self._fetching[sub] = asyncio.ensure_future(self._fetch_one(sub, batch, timeout_s))
+        await asyncio.wait(
+            self._fetching.values(), timeout=timeout_s + 1.0, return_when=asyncio.FIRST_COMPLETED
+        )
+        return self._collect()
 
-        if len(subs) == 1:
-            return await one(subs[0])
-        # Several models: the first fetch that brings something ends the wait; messages
-        # the others bring later land in their subscriptions and come with the next pull.
-        tasks = [asyncio.ensure_future(one(sub)) for sub in subs]
-        await asyncio.wait(tasks, timeout=timeout_s + 1.0, return_when=asyncio.FIRST_COMPLETED)
+    def _collect(self) -> list[Msg]:
+        """The messages of the fetches that have ended."""
         found: list[Msg] = []
-        for task in tasks:
+        for sub, task in list(self._fetching.items()):
             if task.done():
+                del self._fetching[sub]
                 found.extend(task.result())
-            else:
-                task.cancel()
         return found
+
+    async def _fetch_one(
+        self, sub: JetStreamContext.PullSubscription, batch: int, timeout_s: float
+    ) -> list[Msg]:
+        try:
+            return await sub.fetch(batch, timeout=max(timeout_s, 0.001))
+        except TimeoutError:
+            return []
+        except NatsError as exc:
+            log.warning("fetching requests failed: %r", exc)
+            await asyncio.sleep(timeout_s)
+            return []
 
     async def _admit(self, msg: Msg, now: float) -> EmbedJob | None:
         try:
@@ -241,6 +255,15 @@ class JetStreamPuller(Lifecycle):
             return None
         self._held[job.id] = _Held(msg, reply_to, job.deadline)
         return job
+
+    async def _hand_back_fetching(self) -> None:
+        """Wait for the fetches still running (each ends by its timeout) and hand back
+        what they brought, so that nothing waits out ``ack_wait`` on a stopped worker."""
+        if self._fetching:
+            await asyncio.wait(self._fetching.values())
+        for msg in self._collect():
+            with contextlib.suppress(NatsError):
+                await msg.nak()
 
     async def _hand_back_held(self) -> None:
         held, self._held = list(self._held.values()), {}

@@ -92,8 +92,8 @@ def test_the_summary_takes_the_best_run_within_the_target_and_the_ratios() -> No
         "device": {"scale": 10.0, "label": "cpu"},
         "workloads": {"small": {"single_request_s": 0.1}},
         "runs": [
-            _run("small", "pull (kafka)", 0.5, 1000, 300),
-            _run("small", "pull (kafka)", 1.0, 2000, 900),
+            _run("small", "pull (jetstream)", 0.5, 1000, 300),
+            _run("small", "pull (jetstream)", 1.0, 2000, 900),
             _run("small", "push rr", 0.5, 1000, 500),
             _run("small", "push rr", 1.0, 1900, 5000),  # over the 1 s target
         ],
@@ -101,7 +101,7 @@ def test_the_summary_takes_the_best_run_within_the_target_and_the_ratios() -> No
     s = scale_report.summarize(data)
     w = s["small"]
     assert w["p99_target_ms"] == pytest.approx(1000.0)
-    assert w["modes"]["pull (kafka)"]["tokens_per_s_at_target"] == 2000
+    assert w["modes"]["pull (jetstream)"]["tokens_per_s_at_target"] == 2000
     assert w["modes"]["push rr"]["tokens_per_s_at_target"] == 1000
     assert w["pull_over_push"]["push rr"] == pytest.approx(2.0)
     assert w["pull_over_best_push"] == pytest.approx(2.0)

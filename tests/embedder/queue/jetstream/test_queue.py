@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import random
 import time
 from collections.abc import AsyncIterator
 
@@ -132,6 +133,40 @@ async def test_what_is_over_the_budget_is_handed_back_to_another_worker(
         await second.complete(other[0], result("b"))
         async with asyncio.timeout(WAIT_S):
             assert sorted([(await f).body for f in futures]) == [b"a", b"b"]
+
+
+async def test_workers_of_several_models_lose_no_job_to_a_fetch_left_running(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    """A worker's fetches for its models run together and the first to bring something
+    ends the wait. The others must keep what they take: a message dropped there waits
+    out ``ack_wait`` before redelivery (here a minute, far beyond the bound below)."""
+    config = dataclasses.replace(config, ack_wait_s=60.0)
+    models = ["alpha", "beta", "gamma", "delta"]
+    arrivals = random.Random(7)
+    async with queue(nats_server, config, workers=3) as (submitter, pullers):
+
+        async def work(puller: JetStreamPuller, hosted: list[str]) -> None:
+            while True:
+                taken = await puller.pull(hosted, 1_000, 0.25)
+                await asyncio.sleep(0.03)  # the forward
+                for j in taken:
+                    await puller.complete(j.id, result(j.id))
+
+        workers = [
+            asyncio.create_task(work(p, [models[i], models[i + 1]])) for i, p in enumerate(pullers)
+        ]
+        futures = []
+        for i in range(150):  # an open loop at 45/s over the four models
+            futures.append(await submitter.put(job(f"j{i}", model=arrivals.choice(models))))
+            await asyncio.sleep(arrivals.expovariate(45.0))
+        try:
+            async with asyncio.timeout(5.0):
+                answers = [(await f).body for f in futures]
+        finally:
+            for w in workers:
+                w.cancel()
+        assert sorted(answers) == sorted(f"j{i}".encode() for i in range(150))
 
 
 async def test_expired_jobs_are_terminated_not_run(
