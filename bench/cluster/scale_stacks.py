@@ -88,8 +88,8 @@ def _common(args: argparse.Namespace, fleet: Path) -> list[str]:
 def _fleets(spec: Any, devices: Devices, logs: Path, tag: str) -> list[Path]:
     """Each worker's fleet file: the models it hosts."""
     return [
-        fleet_file(spec, devices.hosting[w], logs / f"fleet-{tag}-{w}.yaml")
-        for w in range(len(devices.devices))
+        fleet_file(spec, devices.hosting[w], logs / f"fleet-{tag}-{w}.yaml", device.cost)
+        for w, device in enumerate(devices.devices)
     ]
 
 
@@ -197,7 +197,9 @@ class JetStreamStack:
             "memory",  # the comparison is of queues, not of disks
         ]
         port = free_port()
-        gateway_fleet = fleet_file(spec, list(MODELS), children.logs / "fleet-gateway.yaml")
+        gateway_fleet = fleet_file(
+            spec, list(MODELS), children.logs / "fleet-gateway.yaml", devices.devices[0].cost
+        )
         flags = [
             "gateway",
             *nats,

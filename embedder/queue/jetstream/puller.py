@@ -39,6 +39,9 @@ TAKEN = HANDLED.labels("taken")
 HANDED_BACK = HANDLED.labels("handed_back")
 MAX_FETCH = 64  # messages asked for in one fetch, however small the jobs
 FIRST_GUESS_TOKENS = 64.0  # tokens per job assumed before any was seen
+# How long a fetch for the rest of a batch may linger on the server: the requests that
+# arrive within it go with the batch, the later ones to whichever worker asks first.
+REST_WAIT_S = 0.002
 
 
 @dataclass(slots=True)
@@ -228,8 +231,19 @@ class JetStreamPuller(Lifecycle):
     async def _fetch_one(
         self, sub: JetStreamContext.PullSubscription, batch: int, timeout_s: float
     ) -> list[Msg]:
+        """The first message as soon as there is one, then up to the rest of ``batch``
+        among those already waiting. A pull request outlives its fetch on the server
+        until it is filled or expires: asked for a whole batch at once, a worker would
+        go on collecting requests into its inbox while it runs the first ones, where no
+        free worker can take them."""
         try:
-            return await sub.fetch(batch, timeout=max(timeout_s, 0.001))
+            first = await sub.fetch(1, timeout=max(timeout_s, 0.001))
+            if batch <= 1:
+                return first
+            try:
+                return first + await sub.fetch(batch - 1, timeout=REST_WAIT_S)
+            except TimeoutError:
+                return first
         except TimeoutError:
             return []
         except NatsError as exc:
