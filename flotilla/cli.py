@@ -70,12 +70,14 @@ def gateway(settings: Settings) -> None:
 @app.command()
 # No API: its HTTP server is /metrics, /health and /ready on host and worker_port. With
 # --topic it ingests as `serve --kafka` does, so it reads the store and record settings.
+# --kafka-max-message-bytes (the Kafka request queue's) is accepted but not listed: beside
+# --no-dlq-create it would cut the Kafka panel's names at 80 columns.
 @settings_flags(
     MODELS
     | PROFILES
     | ADAPTERS
     | DECODING
-    | WORK_QUEUE
+    | (WORK_QUEUE - {"kafka_max_message_bytes"})
     | STORE
     | RECORDS
     | KAFKA_INGEST

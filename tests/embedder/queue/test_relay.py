@@ -13,8 +13,8 @@ from embedder.jobs import EmbedJob, JobResult
 from embedder.queue.inprocess import InProcessQueue
 from embedder.queue.protocol import Outcome
 from embedder.queue.relay import Relay
-from tests.embedder.queue.test_inprocess import WAIT_S, ids, job, result
 from tests.distributed.helpers import eventually
+from tests.embedder.queue.test_inprocess import WAIT_S, ids, job, result
 
 
 class SharedQueue:
@@ -112,8 +112,8 @@ async def test_holds_about_its_budget_and_takes_more_as_jobs_are_answered() -> N
         assert len(shared.held) == 3 and r.held_tokens() == 300  # the rest stays shared
         taken = await local.pull(["alpha"], 100, WAIT_S)
         await local.complete(taken[0].id, result())
-        await eventually(lambda: len(shared.held) == 3 and len(shared.waiting) == 6,
-                         "one more relayed", WAIT_S)  # fmt: skip
+        more = lambda: len(shared.held) == 3 and len(shared.waiting) == 6  # noqa: E731
+        await eventually(more, "one more relayed", WAIT_S)
     assert all(asked <= 300 for asked in shared.asked)
 
 
