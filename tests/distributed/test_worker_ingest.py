@@ -44,7 +44,7 @@ pytestmark = pytest.mark.slow
 
 DOCUMENTS = 6_000
 PARTITIONS = 2
-CHUNK = 1_500  # records per ingest chunk: a quarter of the backlog is queued at once
+CHUNK = 2_000  # records per ingest chunk: a third of the backlog is queued at once
 ONLINE_EVERY_S = 0.05  # a steady open-loop online load, one request every 50 ms
 COLLECTION = "docs"
 WORDS = ["contract", "law", "tax", "rules", "shipping", "weather", "football", "poetry"]
@@ -219,11 +219,11 @@ async def test_online_requests_go_first_while_a_backlog_is_ingested_once(
     assert backlog_s >= 2.0, f"the backlog took {backlog_s:.1f} s: make it longer"
     assert len(during) >= 10, "too few online requests met the backlog"
     # Online first: a request waits a few batches, not for the chunk of the backlog queued
-    # ahead of it (a quarter of the backlog is queued at once), let alone the backlog.
-    # Measured: p90 and max 3-5 % of the backlog; queued behind the ingest jobs instead
-    # (their deadlines made the nearer), p90 14 % and max 17 %.
+    # ahead of it (a third of the backlog is queued at once), let alone the backlog.
+    # Measured: p90 3-4 % and max 5-8 % of the backlog; with the online jobs' deadlines
+    # pushed behind the ingest jobs' (online last), p90 30 %.
     assert p90 < backlog_s / 10, (p90, backlog_s)
-    assert during[-1] < backlog_s / 8, (during[-1], backlog_s)
+    assert during[-1] < backlog_s / 5, (during[-1], backlog_s)
     # Ingest went on under the steady online load: chunk after chunk was written while
     # online requests kept coming (the count rises a chunk at a time).
     first_sent, last_sent = latencies[0][0], max(sent for sent, _ in latencies)
