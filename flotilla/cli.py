@@ -68,27 +68,48 @@ def gateway(settings: Settings) -> None:
 
 
 @app.command()
-# No API: its HTTP server is /metrics, /health and /ready on host and worker_port.
+# No API: its HTTP server is /metrics, /health and /ready on host and worker_port. With
+# --topic it ingests as `serve --kafka` does, so it reads the store and record settings.
+# --kafka-max-message-bytes (the Kafka request queue's) is accepted but not listed: beside
+# --no-dlq-create it would cut the Kafka panel's names at 80 columns.
 @settings_flags(
     MODELS
     | PROFILES
     | ADAPTERS
     | DECODING
-    | WORK_QUEUE
+    | (WORK_QUEUE - {"kafka_max_message_bytes"})
+    | STORE
+    | RECORDS
+    | KAFKA_INGEST
     | {"worker_group", "host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
     """Load the fleet on this device and pull requests from the shared work queue (--nats:
     the JetStream consumers of its models; or --kafka: --request-topic as a member of
-    --worker-group), until SIGTERM or Ctrl-C; then finish the jobs in hand and leave."""
+    --worker-group), until SIGTERM or Ctrl-C; then finish the jobs in hand and leave.
+    With --kafka and --topic it also ingests its share of the topic's partitions (as a
+    member of --group) into the store, online requests first."""
+    from embedder.errors import FlotillaError
+
     if not (settings.nats or settings.kafka):
         raise typer.BadParameter(
             "a worker needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
         )
+    if settings.topic:
+        if not settings.kafka:
+            raise typer.BadParameter(
+                "--topic ingests from Kafka: give the broker with --kafka BOOTSTRAP",
+                param_hint="'--kafka' / FLOTILLA_KAFKA",
+            )
+        _check_collection(settings)
     exit_cleanly_until_running()
     from flotilla.distributed import serve_worker
 
-    serve_worker(settings)
+    try:
+        serve_worker(settings)
+    except FlotillaError as exc:  # classified (a collection another process owns, say)
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -65,6 +65,22 @@ def test_flags_and_environment_reach_the_commands(started: list[tuple[str, Setti
     )
 
 
+def test_a_worker_that_ingests_needs_the_broker_and_a_valid_collection(
+    started: list[tuple[str, Settings]],
+) -> None:
+    nats = ["worker", "--nats", "nats://n:4222"]
+    result = CliRunner().invoke(app, [*nats, "--topic", "docs"])
+    assert result.exit_code == 2 and "--kafka BOOTSTRAP" in result.output, result.output
+    result = CliRunner().invoke(app, [*nats, "--kafka", "k:9092", "--topic", "docs",
+                                      "--collection", "no spaces"])  # fmt: skip
+    assert result.exit_code == 2 and "--collection" in result.output, result.output
+    assert started == []
+    flags = [*nats, "--kafka", "k:9092", "--topic", "docs", "--group", "g1"]
+    assert CliRunner().invoke(app, flags).exit_code == 0
+    ((_, wk),) = started
+    assert (wk.nats, wk.kafka, wk.topic, wk.group) == ("nats://n:4222", "k:9092", "docs", "g1")
+
+
 def test_reply_topic_defaults_to_host_and_port_in_kafka_characters() -> None:
     topic = reply_topic(Settings(gateway_id="pod/7 ä", port=9000))
     assert topic == "flotilla.replies.pod-7--"

@@ -70,7 +70,8 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         }
     ),
     # flotilla.distributed.run_worker: the fleet on this device, the puller, request
-    # limits, adapters, heartbeats, and its own /metrics server on --host.
+    # limits, adapters, heartbeats, and its own /metrics server on --host; with --topic
+    # (flotilla.worker_ingest) the store, the record rules and the Kafka source.
     ("worker",): frozenset(
         {
             *("host", "worker_port", "log_level"),
@@ -78,8 +79,12 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("tuned_file", "untuned"),
             *("max_inputs_per_request", "auto_truncate"),
             *("kafka", "request_topic", "request_partitions", "status_topic"),
-            *("kafka_max_message_bytes", "worker_group"),
+            *("worker_group",),  # kafka_max_message_bytes hidden: flotilla/cli.py says why
             *NATS,
+            *("store", "qdrant_url", "qdrant_api_key"),
+            *("bytes_per_token", "collection", "ingest_max_text_bytes", "ingest_model"),
+            *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
+            *("topic", "group", "ingest_max_records", "dlq_create"),
         }
     ),
     # flotilla.ingest: ingest_stack() (one input per job, so no request limit), the Kafka
