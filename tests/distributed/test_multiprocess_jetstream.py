@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.distributed.test_multiprocess import (
+from tests.distributed.cluster import (
     CONCURRENCY,
     MIN_COSINE,
     REQUEST_TIMEOUT_S,
