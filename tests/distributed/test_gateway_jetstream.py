@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -170,3 +171,26 @@ async def test_a_worker_leaving_is_seen_at_once(settings: Settings) -> None:
             return not await ready(client)
 
         await eventually(not_ready, "the gateway to see the worker gone", timeout_s=5)
+
+
+async def test_a_worker_with_two_models_answers_both_without_stalls(settings: Settings) -> None:
+    """Mixed traffic to the two models one worker hosts: each request is answered in a
+    fraction of a second; one stranded behind the other model's fetch would take the
+    ack wait (10 s) to come back."""
+    rng = random.Random(5)
+    latencies: list[float] = []
+    async with gateway(settings) as client, worker(settings):
+        await until_ready(client)
+
+        async def one(i: int) -> None:
+            model = "alpha" if rng.random() < 0.7 else "beta"
+            await asyncio.sleep(rng.random() * 2.0)
+            started = time.monotonic()
+            response = await client.post("/v1/embeddings", json={"model": model, "input": f"t{i}"})
+            latencies.append(time.monotonic() - started)
+            assert response.status_code == 200, response.text
+            assert response.json()["model"] == model
+
+        await asyncio.gather(*(one(i) for i in range(150)))
+    assert len(latencies) == 150
+    assert max(latencies) < 1.0, sorted(latencies)[-5:]
