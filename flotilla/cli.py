@@ -55,14 +55,13 @@ def serve(settings: Settings) -> None:
 # DECODING); its store is the Qdrant server or none, so data_dir only places the adapters.
 @settings_flags(HTTP_API | STORE | WORK_QUEUE | {"reply_topic_prefix", "gateway_id"})
 def gateway(settings: Settings) -> None:
-    """HTTP gateway over the shared work queue (--nats for JetStream, or --kafka): annotates
-    requests and puts them on the queue; `flotilla worker` processes run the models. Loads
-    no model."""
+    """HTTP gateway over the shared work queue (--nats: JetStream): annotates requests and
+    puts them on the queue; `flotilla worker` processes run the models. Loads no model."""
     from flotilla.distributed import serve_gateway
 
-    if not (settings.nats or settings.kafka):
+    if not settings.nats:
         raise typer.BadParameter(
-            "the gateway needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+            "the gateway needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
     serve_gateway(settings)
 
@@ -70,20 +69,15 @@ def gateway(settings: Settings) -> None:
 @app.command()
 # No API: its HTTP server is /metrics, /health and /ready on host and worker_port.
 @settings_flags(
-    MODELS
-    | PROFILES
-    | ADAPTERS
-    | DECODING
-    | WORK_QUEUE
-    | {"worker_group", "host", "worker_port", "log_level"}
+    MODELS | PROFILES | ADAPTERS | DECODING | WORK_QUEUE | {"host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
     """Load the fleet on this device and pull requests from the shared work queue (--nats:
-    the JetStream consumers of its models; or --kafka: --request-topic as a member of
-    --worker-group), until SIGTERM or Ctrl-C; then finish the jobs in hand and leave."""
-    if not (settings.nats or settings.kafka):
+    the JetStream consumers of its models), until SIGTERM or Ctrl-C; then finish the jobs
+    in hand and hand back the rest."""
+    if not settings.nats:
         raise typer.BadParameter(
-            "a worker needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+            "a worker needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
     exit_cleanly_until_running()
     from flotilla.distributed import serve_worker
