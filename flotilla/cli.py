@@ -413,7 +413,7 @@ for _name, _module, _help in (
     (
         "cluster",
         "bench.cluster",
-        "Push vs pull: the cluster simulation; --real: real processes, a router against Kafka.",
+        "Push vs pull: the cluster simulation; --real: real processes, a router against JetStream.",
     ),
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
