@@ -58,10 +58,6 @@ class NatsServer:
         self.start_s = 0.0  # seconds the last start() took, for reports
 
     @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
-
-    @property
     def url(self) -> str:
         if not self.running:
             raise RuntimeError("nats-server is not running")
