@@ -55,14 +55,13 @@ def serve(settings: Settings) -> None:
 # DECODING); its store is the Qdrant server or none, so data_dir only places the adapters.
 @settings_flags(HTTP_API | STORE | WORK_QUEUE | {"reply_topic_prefix", "gateway_id"})
 def gateway(settings: Settings) -> None:
-    """HTTP gateway over the shared work queue (--nats for JetStream, or --kafka): annotates
-    requests and puts them on the queue; `flotilla worker` processes run the models. Loads
-    no model."""
+    """HTTP gateway over the shared work queue (--nats: JetStream): annotates requests and
+    puts them on the queue; `flotilla worker` processes run the models. Loads no model."""
     from flotilla.distributed import serve_gateway
 
-    if not (settings.nats or settings.kafka):
+    if not settings.nats:
         raise typer.BadParameter(
-            "the gateway needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+            "the gateway needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
     serve_gateway(settings)
 
@@ -70,30 +69,27 @@ def gateway(settings: Settings) -> None:
 @app.command()
 # No API: its HTTP server is /metrics, /health and /ready on host and worker_port. With
 # --topic it ingests as `serve --kafka` does, so it reads the store and record settings.
-# --kafka-max-message-bytes (the Kafka request queue's) is accepted but not listed: beside
-# --no-dlq-create it would cut the Kafka panel's names at 80 columns.
 @settings_flags(
     MODELS
     | PROFILES
     | ADAPTERS
     | DECODING
-    | (WORK_QUEUE - {"kafka_max_message_bytes"})
+    | WORK_QUEUE
     | STORE
     | RECORDS
     | KAFKA_INGEST
-    | {"worker_group", "host", "worker_port", "log_level"}
+    | {"host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
     """Load the fleet on this device and pull requests from the shared work queue (--nats:
-    the JetStream consumers of its models; or --kafka: --request-topic as a member of
-    --worker-group), until SIGTERM or Ctrl-C; then finish the jobs in hand and leave.
-    With --kafka and --topic it also ingests its share of the topic's partitions (as a
-    member of --group) into the store, online requests first."""
+    the JetStream consumers of its models), until SIGTERM or Ctrl-C; then finish the jobs
+    in hand and hand back the rest. With --kafka and --topic it also ingests its share of
+    the topic's partitions (as a member of --group) into the store, online requests first."""
     from embedder.errors import FlotillaError
 
-    if not (settings.nats or settings.kafka):
+    if not settings.nats:
         raise typer.BadParameter(
-            "a worker needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+            "a worker needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
     if settings.topic:
         if not settings.kafka:
@@ -440,7 +436,7 @@ for _name, _module, _help in (
     (
         "cluster",
         "bench.cluster",
-        "Push vs pull: the cluster simulation; --real: real processes, a router against Kafka.",
+        "Push vs pull: the cluster simulation; --real: real processes, a router against JetStream.",
     ),
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),

@@ -1,6 +1,6 @@
 """Wiring for many machines: `flotilla gateway` (HTTP in front of the shared work queue,
 no models) and `flotilla worker` (the fleet on this device, pulling from that queue);
-``flotilla.transports`` picks the queue (JetStream or Kafka).
+``flotilla.transports`` makes the queue's halves (JetStream).
 
 The gateway is torch-free; a worker imports torch only when its models load.
 """
@@ -28,8 +28,8 @@ from gateway.app import create_app
 
 log = logging.getLogger(__name__)
 
-# How long a stopping worker waits for the jobs it holds; what is left goes back to the
-# group uncommitted. Orchestrators wait longer than this before they SIGKILL (k8s: 30 s).
+# How long a stopping worker waits for the jobs it holds; what is left is handed back to
+# the other workers. Orchestrators wait longer than this before they SIGKILL (k8s: 30 s).
 DRAIN_S = 10.0
 
 
@@ -79,7 +79,7 @@ async def run_worker(
     settings: Settings, stop: asyncio.Event | None = None, loader: RuntimeLoader = load_runtime
 ) -> None:
     """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
-    finish the jobs in hand, commit and leave the group. With --topic, also ingest this
+    finish the jobs in hand and hand back the rest. With --topic, also ingest this
     worker's share of the topic, online requests first (``flotilla.worker_ingest``)."""
     queue = transport(settings)
     fleet = wiring.configured_fleet(settings)
@@ -114,8 +114,8 @@ async def run_worker(
             return
         if not host.loaded:
             raise SystemExit(f"no model could be loaded: {host.failed}")
-        # Join the group only now: partitions assigned to a member still loading would
-        # hold their requests until it is done.
+        # Fetch only now: requests taken by a worker still loading would wait until it
+        # is done.
         await puller.start()
         if bulk is not None:
             await bulk.start()

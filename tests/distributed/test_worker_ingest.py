@@ -28,8 +28,7 @@ from flotilla.settings import Settings
 from ingest.store import chunk_point_id
 from ingest.store.edge import EdgeStore
 from ingest.store.qdrant import QdrantStore
-from tests.distributed.helpers import eventually
-from tests.distributed.test_multiprocess import (
+from tests.distributed.cluster import (
     MIN_COSINE,
     Process,
     expected_vectors,
@@ -38,6 +37,7 @@ from tests.distributed.test_multiprocess import (
     vectors_of,
     wait_until_serving,
 )
+from tests.distributed.helpers import eventually
 from tests.fakes import FakeLoader
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce
