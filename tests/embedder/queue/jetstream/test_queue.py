@@ -184,6 +184,24 @@ async def test_workers_of_several_models_lose_no_job_to_a_fetch_left_running(
         assert sorted(answers) == sorted(f"j{i}".encode() for i in range(150))
 
 
+async def test_a_busy_workers_leftover_fetch_hands_its_catch_to_a_worker_that_asks(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    """The first worker's pull returns with an alpha job, its beta fetch left running;
+    while it runs that batch (it never pulls again here), a beta job that fetch catches
+    goes back at once to the second worker, who is asking: not after ``ack_wait``."""
+    config = dataclasses.replace(config, ack_wait_s=60.0)
+    async with queue(nats_server, config, workers=2) as (submitter, [busy, free]):
+        await submitter.put(job("a", model="alpha"))
+        first = await busy.pull(["alpha", "beta"], 1_000, 3.0)
+        assert [j.id for j in first] == ["a"]  # its beta fetch lingers for up to 3 s
+        asking = asyncio.ensure_future(free.pull(["beta"], 1_000, 5.0))
+        await asyncio.sleep(0.2)  # the busy worker's older request is first in line
+        await submitter.put(job("b", model="beta"))
+        async with asyncio.timeout(2.0):
+            assert [j.id for j in await asking] == ["b"]
+
+
 async def test_expired_jobs_are_terminated_not_run(
     nats_server: NatsServer, config: JetStreamConfig
 ) -> None:
