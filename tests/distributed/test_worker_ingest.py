@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -41,7 +41,6 @@ from tests.distributed.helpers import eventually
 from tests.fakes import FakeLoader
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce
-from tests.ingest.store.server_fixture import start_store_server, stop, wait_ready
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 from tests.nats.server import NatsServer
@@ -62,19 +61,6 @@ def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("tiny-worker-ingest")
     with hub_offline():
         return tiny_fleet_file(folder, build_tiny_embedder(folder))
-
-
-@pytest.fixture
-def store_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path / "store.log"
-    proc = start_store_server(tmp_path / "store", port, log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, log)
-        yield url
-    finally:
-        stop(proc)
 
 
 def document(i: int) -> str:
