@@ -13,7 +13,8 @@ short prompts, ``max_tokens`` 16-128, greedy) over an OpenAI-compatible
 - ``llama-cpp``: llama.cpp's server through ``llama-cpp-python`` on the GGUF,
   when its venv is installed (``python -m bench.peers.llamacpp install``);
 - ``flotilla``: ``flotilla serve`` with the fleet entry ``--flotilla-model``
-  (task ``generate``); skipped with the reason when there is none.
+  (default: the ``--model`` name; task ``generate``); skipped with the reason
+  when the fleet has no such generation entry.
 
 Per side and level: output tokens/s (completion tokens from ``usage`` over the
 level's wall time), time to first token p50/p99, inter-token latency p50/p99,
@@ -94,9 +95,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per request")
     parser.add_argument("--ready-timeout-s", type=float, default=300.0)
     parser.add_argument(
-        "--flotilla-model", default=None, help="the fleet entry (task: generate) flotilla serves"
+        "--flotilla-model",
+        default=None,
+        help="the fleet entry (task: generate) flotilla serves; default: --model's name",
     )
     parser.add_argument("--flotilla-fleet", type=Path, default=None, help="its fleet file")
+    parser.add_argument(
+        "--wait-quiet-s",
+        type=float,
+        default=0.0,
+        help="on a shared machine, wait up to this long before each side for others to go quiet",
+    )
     parser.add_argument("--out", default="generate", help="results file stem in bench/results/")
     args = parser.parse_args(argv)
     if args.requests is not None and args.requests <= 0:
@@ -153,6 +162,8 @@ def measure(
     pids: Sequence[int],
 ) -> tuple[list[dict[str, Any]], dict[int, list[Stream]]]:
     """Warm up, then every level; the rows and the streams by level."""
+    if args.wait_quiet_s > 0:
+        report.wait_for_quiet(args.wait_quiet_s)
     warm = asyncio.run(run_level(targets(1), 1, args.warmup, args.timeout_s))
     failed = [s.error for s in warm if not s.ok]
     if failed:
@@ -184,6 +195,13 @@ def same_text_share(streams: Sequence[Stream], reference: Sequence[Stream]) -> f
     if not pairs:
         return None
     return sum(1 for a, b in pairs if a.text == b.text) / len(pairs)
+
+
+def flotilla_config(args: argparse.Namespace) -> flotilla_side.FlotillaSide:
+    model = args.flotilla_model or args.model
+    return flotilla_side.FlotillaSide(
+        model, args.flotilla_fleet, args.threads, args.ready_timeout_s
+    )
 
 
 def run_sides(args: argparse.Namespace, gguf: Path) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -224,9 +242,7 @@ def run_sides(args: argparse.Namespace, gguf: Path) -> tuple[list[dict[str, Any]
                 target = Target("llama-cpp", launch.url, launch.model)
                 record("llama-cpp", lambda n: target, [launch.pid])
     if "flotilla" in args.sides:
-        ours = flotilla_side.FlotillaSide(
-            args.flotilla_model, args.flotilla_fleet, args.threads, args.ready_timeout_s
-        )
+        ours = flotilla_config(args)
         try:
             with flotilla_side.serve(ours, report.results_dir() / f"{args.out}-flotilla.log") as t:
                 record("flotilla", lambda n: t, [])

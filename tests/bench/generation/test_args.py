@@ -21,6 +21,13 @@ def test_the_defaults_are_the_issue_s_levels_and_every_side() -> None:
     assert (fixed.clients, fixed.sides, generate.requests_for(fixed, 4)) == ([2, 4], ["static"], 5)
 
 
+def test_flotilla_serves_the_model_s_fleet_entry_unless_told_another() -> None:
+    default = generate.flotilla_config(generate.parse_args(["--threads", "3"]))
+    assert (default.model, default.fleet, default.threads) == ("smollm2-135m-instruct", None, 3)
+    named = generate.parse_args(["--flotilla-model", "chat", "--flotilla-fleet", "f.yaml"])
+    assert (generate.flotilla_config(named).model, named.flotilla_fleet) == ("chat", Path("f.yaml"))
+
+
 @pytest.mark.parametrize(
     "argv",
     [
