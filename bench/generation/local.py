@@ -136,9 +136,13 @@ class Generator:
             mask[row, width - len(pending.input_ids) :] = 1
         rows = Rows(batch, self.tokenizer, self.eos_id)
 
+        limits = torch.tensor([p.max_tokens for p in batch])
+
         class RowsDone(StoppingCriteria):
+            # From the ids, not from the streamer: generate hands the streamer a
+            # step's tokens after it asks this, and one step late is a wasted step.
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                return torch.tensor(rows.done, dtype=torch.bool)
+                return input_ids.shape[1] - width >= limits
 
         with torch.inference_mode():
             self.model.generate(
