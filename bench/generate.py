@@ -127,8 +127,8 @@ SideTargets = Callable[[int], Target]
 
 
 @contextlib.contextmanager
-def transformers_server(args: argparse.Namespace, gguf: Path) -> Iterator[str]:
-    """``bench.generation.local`` in its own process; yields its chat route."""
+def transformers_server(args: argparse.Namespace, gguf: Path) -> Iterator[tuple[str, int]]:
+    """``bench.generation.local`` in its own process; yields its chat route and pid."""
     port = free_port()
     log_path = report.results_dir() / f"{args.out}-transformers.log"
     command = [
@@ -150,7 +150,7 @@ def transformers_server(args: argparse.Namespace, gguf: Path) -> Iterator[str]:
         try:
             url = f"http://{HOST}:{port}"
             llamacpp.wait_ready(process, f"{url}/health", args.ready_timeout_s, log_path)
-            yield f"{url}/v1/chat/completions"
+            yield f"{url}/v1/chat/completions", process.pid
         finally:
             llamacpp.stop(process)
 
@@ -217,13 +217,12 @@ def run_sides(args: argparse.Namespace, gguf: Path) -> tuple[list[dict[str, Any]
 
     local_sides = [s for s in ("one-at-a-time", "static") if s in args.sides]
     if local_sides:
-        with transformers_server(args, gguf) as url:
+        with transformers_server(args, gguf) as (url, pid):
             if "one-at-a-time" in local_sides:
-                record(
-                    "one-at-a-time", lambda n: Target("one-at-a-time", url, local.ONE_AT_A_TIME), []
-                )
+                one = Target("one-at-a-time", url, local.ONE_AT_A_TIME)
+                record("one-at-a-time", lambda n: one, [pid])
             if "static" in local_sides:
-                record("static", lambda n: Target("static", url, f"static-{n}"), [])
+                record("static", lambda n: Target("static", url, f"static-{n}"), [pid])
     if "llama-cpp" in args.sides:
         missing = llamacpp.PEER.missing()
         if missing is not None:
@@ -244,8 +243,9 @@ def run_sides(args: argparse.Namespace, gguf: Path) -> tuple[list[dict[str, Any]
     if "flotilla" in args.sides:
         ours = flotilla_config(args)
         try:
-            with flotilla_side.serve(ours, report.results_dir() / f"{args.out}-flotilla.log") as t:
-                record("flotilla", lambda n: t, [])
+            log_path = report.results_dir() / f"{args.out}-flotilla.log"
+            with flotilla_side.serve(ours, log_path) as (target, pid):
+                record("flotilla", lambda n: target, [pid])
         except flotilla_side.SkipSide as exc:
             skipped["flotilla"] = str(exc)
     for name, why in skipped.items():

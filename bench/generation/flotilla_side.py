@@ -51,9 +51,9 @@ def fleet_file(side: FlotillaSide, path: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def serve(side: FlotillaSide, log_path: Path) -> Iterator[Target]:
+def serve(side: FlotillaSide, log_path: Path) -> Iterator[tuple[Target, int]]:
     """``flotilla serve`` on a free port with the fleet file written beside the log;
-    yields the route once ``/ready`` answers, stops the server on exit."""
+    yields the route and the server's pid once ``/ready`` answers, stops it on exit."""
     from bench.served import server
 
     fleet_path = log_path.with_name(log_path.stem + "-fleet.yaml")
@@ -62,8 +62,8 @@ def serve(side: FlotillaSide, log_path: Path) -> Iterator[Target]:
         raise SkipSide(why)
     assert side.model is not None
     port = free_port()
-    with server(port, side.threads, log_path, side.ready_timeout_s, fleet_path, "cpu"):
-        yield Target("flotilla", f"http://{HOST}:{port}/v1/chat/completions", side.model)
+    with server(port, side.threads, log_path, side.ready_timeout_s, fleet_path, "cpu") as pid:
+        yield Target("flotilla", f"http://{HOST}:{port}/v1/chat/completions", side.model), pid
 
 
 class SkipSide(Exception):
