@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -76,10 +77,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--clients", type=_levels, default=[1, 8, 32], help="levels")
     parser.add_argument(
-        "--requests",
+        "--requests", type=int, default=None, help="requests per level (overrides the next two)"
+    )
+    parser.add_argument("--min-requests", type=int, default=16, help="requests per level, least")
+    parser.add_argument(
+        "--rounds",
         type=int,
-        default=None,
-        help="requests per level (default: max(16, 2 x clients))",
+        default=2,
+        help="requests per level: at least this many per client (max with --min-requests)",
     )
     parser.add_argument("--sides", type=_sides, default=list(SIDES), help=", ".join(SIDES))
     parser.add_argument("--model", choices=tuple(GGUF_FILES), default="smollm2-135m-instruct")
@@ -108,15 +113,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="generate", help="results file stem in bench/results/")
     args = parser.parse_args(argv)
-    if args.requests is not None and args.requests <= 0:
-        parser.error("--requests must be positive")
+    if (args.requests is not None and args.requests <= 0) or min(
+        args.min_requests, args.rounds
+    ) <= 0:
+        parser.error("--requests, --min-requests and --rounds must be positive")
     if args.threads <= 0 or args.batch_wait_ms < 0:
         parser.error("--threads must be positive and --batch-wait-ms not negative")
     return args
 
 
 def requests_for(args: argparse.Namespace, clients: int) -> int:
-    return int(args.requests) if args.requests is not None else max(16, 2 * clients)
+    if args.requests is not None:
+        return int(args.requests)
+    return max(int(args.min_requests), int(args.rounds) * clients)
 
 
 # -- the sides -----------------------------------------------------------------
@@ -305,6 +314,8 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the servers this started are stopped too.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     gguf = gguf_path(args.model)
     rows, skipped = run_sides(args, gguf)
     result: dict[str, Any] = {

@@ -19,6 +19,8 @@ def test_the_defaults_are_the_issue_s_levels_and_every_side() -> None:
     assert [generate.requests_for(args, n) for n in (1, 8, 32)] == [16, 16, 64]
     fixed = generate.parse_args(["--requests", "5", "--clients", "2,4", "--sides", "static"])
     assert (fixed.clients, fixed.sides, generate.requests_for(fixed, 4)) == ([2, 4], ["static"], 5)
+    one_round = generate.parse_args(["--min-requests", "8", "--rounds", "1"])
+    assert [generate.requests_for(one_round, n) for n in (1, 8, 32)] == [8, 8, 32]
 
 
 def test_flotilla_serves_the_model_s_fleet_entry_unless_told_another() -> None:
@@ -36,6 +38,8 @@ def test_flotilla_serves_the_model_s_fleet_entry_unless_told_another() -> None:
         ["--sides", "vllm"],
         ["--sides", ""],
         ["--requests", "0"],
+        ["--rounds", "0"],
+        ["--min-requests", "-1"],
         ["--threads", "0"],
     ],
 )
