@@ -442,6 +442,11 @@ for _name, _module, _help in (
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
     ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
     ("queue-latency", "bench.queue_latency", "One request through JetStream against in-process."),
+    (
+        "generate",
+        "bench.generate",
+        "Streamed chat completions at 1-32 clients against model.generate and llama.cpp.",
+    ),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 
