@@ -48,6 +48,7 @@ bench: kafka-jars
 	$(BIN)/flotilla bench adaptive
 	$(BIN)/flotilla bench soak
 	$(BIN)/flotilla bench queue-latency
+	$(BIN)/flotilla bench generate
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

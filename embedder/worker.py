@@ -53,8 +53,9 @@ class Worker(Lifecycle):
         self._steering: dict[str, WaitController] = {}
         for name, m in self.models.items():
             self._set_limits(name, m.limits)
-        # Room to group pulled jobs by model and adapter: the biggest budget, twice.
-        self.capacity_tokens = 2 * max(m.limits.max_tokens for m in self.models.values())
+        # What one pull may bring: the biggest batch budget. More would sit here while the
+        # batch runs, where on a shared queue a free worker could have run it.
+        self.capacity_tokens = max(m.limits.max_tokens for m in self.models.values())
         self._ready = Handoff()
         self._pipeline = Pipeline(
             queue, self.models, request_limits, clock, self._delivered, turns=turns
@@ -89,7 +90,7 @@ class Worker(Lifecycle):
         name = model.spec.name
         self.models[name] = model
         self._set_limits(name, model.limits)
-        self.capacity_tokens = max(self.capacity_tokens, 2 * model.limits.max_tokens)
+        self.capacity_tokens = max(self.capacity_tokens, model.limits.max_tokens)
 
     # -- adaptive wait ----------------------------------------------------
 

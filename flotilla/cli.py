@@ -55,40 +55,57 @@ def serve(settings: Settings) -> None:
 # DECODING); its store is the Qdrant server or none, so data_dir only places the adapters.
 @settings_flags(HTTP_API | STORE | WORK_QUEUE | {"reply_topic_prefix", "gateway_id"})
 def gateway(settings: Settings) -> None:
-    """HTTP gateway over the shared work queue (--nats for JetStream, or --kafka): annotates
-    requests and puts them on the queue; `flotilla worker` processes run the models. Loads
-    no model."""
+    """HTTP gateway over the shared work queue (--nats: JetStream): annotates requests and
+    puts them on the queue; `flotilla worker` processes run the models. Loads no model."""
     from flotilla.distributed import serve_gateway
 
-    if not (settings.nats or settings.kafka):
+    if not settings.nats:
         raise typer.BadParameter(
-            "the gateway needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+            "the gateway needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
     serve_gateway(settings)
 
 
 @app.command()
-# No API: its HTTP server is /metrics, /health and /ready on host and worker_port.
+# No API: its HTTP server is /metrics, /health and /ready on host and worker_port. With
+# --topic it ingests as `serve --kafka` does, so it reads the store and record settings.
 @settings_flags(
     MODELS
     | PROFILES
     | ADAPTERS
     | DECODING
     | WORK_QUEUE
-    | {"worker_group", "host", "worker_port", "log_level"}
+    | STORE
+    | RECORDS
+    | KAFKA_INGEST
+    | {"host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
     """Load the fleet on this device and pull requests from the shared work queue (--nats:
-    the JetStream consumers of its models; or --kafka: --request-topic as a member of
-    --worker-group), until SIGTERM or Ctrl-C; then finish the jobs in hand and leave."""
-    if not (settings.nats or settings.kafka):
+    the JetStream consumers of its models), until SIGTERM or Ctrl-C; then finish the jobs
+    in hand and hand back the rest. With --kafka and --topic it also ingests its share of
+    the topic's partitions (as a member of --group) into the store, online requests first."""
+    from embedder.errors import FlotillaError
+
+    if not settings.nats:
         raise typer.BadParameter(
-            "a worker needs a work queue", param_hint="'--nats' / FLOTILLA_NATS or '--kafka'"
+            "a worker needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
+    if settings.topic:
+        if not settings.kafka:
+            raise typer.BadParameter(
+                "--topic ingests from Kafka: give the broker with --kafka BOOTSTRAP",
+                param_hint="'--kafka' / FLOTILLA_KAFKA",
+            )
+        _check_collection(settings)
     exit_cleanly_until_running()
     from flotilla.distributed import serve_worker
 
-    serve_worker(settings)
+    try:
+        serve_worker(settings)
+    except FlotillaError as exc:  # classified (a collection another process owns, say)
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -419,12 +436,17 @@ for _name, _module, _help in (
     (
         "cluster",
         "bench.cluster",
-        "Push vs pull: the cluster simulation; --real: real processes, a router against Kafka.",
+        "Push vs pull: the cluster simulation; --real: real processes, a router against JetStream.",
     ),
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
     ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
     ("queue-latency", "bench.queue_latency", "One request through JetStream against in-process."),
+    (
+        "generate",
+        "bench.generate",
+        "Streamed chat completions at 1-32 clients against model.generate and llama.cpp.",
+    ),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 

@@ -1,6 +1,6 @@
 """Wiring for many machines: `flotilla gateway` (HTTP in front of the shared work queue,
 no models) and `flotilla worker` (the fleet on this device, pulling from that queue);
-``flotilla.transports`` picks the queue (JetStream or Kafka).
+``flotilla.transports`` makes the queue's halves (JetStream).
 
 The gateway is torch-free; a worker imports torch only when its models load.
 """
@@ -23,12 +23,13 @@ from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
 from flotilla.transports import reply_topic, transport
 from flotilla.worker_http import WorkerHttp
+from flotilla.worker_ingest import WorkerIngest
 from gateway.app import create_app
 
 log = logging.getLogger(__name__)
 
-# How long a stopping worker waits for the jobs it holds; what is left goes back to the
-# group uncommitted. Orchestrators wait longer than this before they SIGKILL (k8s: 30 s).
+# How long a stopping worker waits for the jobs it holds; what is left is handed back to
+# the other workers. Orchestrators wait longer than this before they SIGKILL (k8s: 30 s).
 DRAIN_S = 10.0
 
 
@@ -78,43 +79,65 @@ async def run_worker(
     settings: Settings, stop: asyncio.Event | None = None, loader: RuntimeLoader = load_runtime
 ) -> None:
     """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
-    finish the jobs in hand, commit and leave the group."""
+    finish the jobs in hand and hand back the rest. With --topic, also ingest this
+    worker's share of the topic, online requests first (``flotilla.worker_ingest``)."""
     queue = transport(settings)
     fleet = wiring.configured_fleet(settings)
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     puller = queue.puller(settings, worker_id)
-    host = wiring.model_host(
-        settings, fleet, puller, wiring.adapter_catalog(settings, fleet), loader
+    bulk = WorkerIngest(settings, puller, loader) if settings.topic else None
+    host = (
+        bulk.host
+        if bulk is not None
+        else wiring.model_host(
+            settings, fleet, puller, wiring.adapter_catalog(settings, fleet), loader
+        )
     )
     heartbeat = queue.heartbeat(settings, worker_id, list(fleet.models), host)
     if stop is None:
         stop = stop_event()
     serving = False
-    http = WorkerHttp(settings.host, settings.worker_port, lambda: serving and not stop.is_set())
+    http = WorkerHttp(
+        settings.host,
+        settings.worker_port,
+        lambda: serving and not stop.is_set(),
+        ingest=bulk.ingest if bulk is not None else None,
+    )
     try:
         if settings.worker_port:
             await http.start()
+        if bulk is not None:
+            await bulk.open()
         await host.start()
         loaded = await unless_stopped(host.wait_ready(), stop)
         if not loaded:
             return
         if not host.loaded:
             raise SystemExit(f"no model could be loaded: {host.failed}")
-        # Join the group only now: partitions assigned to a member still loading would
-        # hold their requests until it is done.
+        # Fetch only now: requests taken by a worker still loading would wait until it
+        # is done.
         await puller.start()
+        if bulk is not None:
+            await bulk.start()
         await heartbeat.start()
         serving = True
         log.info("worker: serving %s over %s", sorted(host.loaded), queue.name)
         await stop.wait()
         log.info("worker: stopping; finishing the jobs in hand")
         await heartbeat.stop()
-        if abandoned := await puller.drain(DRAIN_S):
+        abandoned, _ = await asyncio.gather(
+            puller.drain(DRAIN_S), bulk.stop() if bulk is not None else asyncio.sleep(0)
+        )
+        if abandoned:
             log.warning("worker: %d jobs unfinished after %.0f s go back", abandoned, DRAIN_S)
     finally:
         await http.stop()
         await heartbeat.stop()
+        if bulk is not None:
+            await bulk.stop()  # before the host: its chunk in flight needs the worker
         await host.stop()
+        if bulk is not None:
+            await bulk.close()
         await puller.stop()
 
 

@@ -96,11 +96,9 @@ RECORDS = CHUNKING | {
 KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records", "dlq_create"})
 # flotilla.progress: the plain lines of a long command whose output is not a terminal.
 PROGRESS = frozenset({"progress_interval_s"})
-# Both halves of the work queue (Kafka or JetStream) and the worker heartbeats.
-WORK_QUEUE = frozenset(
-    {"kafka", "request_topic", "request_partitions", "status_topic", "kafka_max_message_bytes"}
-    | set(GROUPS["JetStream"])
-)
+# Both halves of the JetStream work queue and the worker liveness; the reply subject is
+# the gateway's own.
+WORK_QUEUE = frozenset(GROUPS["JetStream"]) - {"reply_topic_prefix", "gateway_id"}
 
 
 def _names(name: str, also: Mapping[str, str] | None) -> tuple[str, ...]:

@@ -15,7 +15,6 @@ from fastapi import FastAPI
 from flotilla import wiring
 from flotilla.settings import Settings
 from gateway.app import create_app
-from ingest.supervisor import IngestSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +22,7 @@ log = logging.getLogger(__name__)
 def build_app(settings: Settings) -> FastAPI:
     stack = wiring.local_stack(settings, serving_url=wiring.server_url(settings))
     host = stack.host
-    ingesting = bool(settings.kafka and settings.topic)
-    ingest = IngestSupervisor(wiring.kafka_source(settings, stack.core)) if ingesting else None
+    ingest = wiring.kafka_ingest(settings, stack.core)
 
     async def ingest_when_ready() -> None:
         await host.wait_ready()

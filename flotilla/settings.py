@@ -125,8 +125,8 @@ class Settings(BaseSettings):
     # -- ingestion and the vector store ------------------------------------
     kafka: str | None = Field(
         default=None,
-        description="Kafka bootstrap servers (host:port,...). With --topic, `serve` also ingests; "
-        "`gateway` and `worker` share their work queue through it.",
+        description="Kafka bootstrap servers (host:port,...) of the documents to ingest: with "
+        "--topic, `serve` also ingests. Requests travel on JetStream (--nats), not Kafka.",
     )
     topic: str | None = Field(default=None, description="Kafka topic of documents to ingest.")
     group: str = Field(
@@ -215,39 +215,14 @@ class Settings(BaseSettings):
         description="`flotilla worker`: port of its /metrics (Prometheus), /health and /ready; "
         "0 turns it off.",
     )
-    request_topic: str = Field(
-        default="flotilla.requests",
-        description="Kafka topic gateways put requests on and workers pull them from.",
-    )
-    request_partitions: int = Field(
-        default=12,
-        gt=0,
-        description="Partitions of --request-topic when flotilla creates it: the most workers "
-        "that can share it. More than workers lets a rebalance spread evenly.",
-    )
     reply_topic_prefix: str = Field(
         default="flotilla.replies",
-        description="Each gateway reads its results from <prefix>.<gateway-id>.",
+        description="Each gateway reads its results from the NATS subject <prefix>.<gateway-id>.",
     )
     gateway_id: str | None = Field(
         default=None,
-        description="Names this gateway's reply topic; <hostname>-<port> when unset. Keep it "
-        "stable across restarts (reply topics are not deleted) and unique per gateway.",
-    )
-    worker_group: str = Field(
-        default="flotilla-workers",
-        description="Consumer group of the workers; members share --request-topic's partitions.",
-    )
-    status_topic: str = Field(
-        default="flotilla.workers",
-        description="Topic of worker heartbeats (models loaded); gateways report a model "
-        "ready while some live worker serves it.",
-    )
-    kafka_max_message_bytes: int = Field(
-        default=16 * 1024 * 1024,
-        gt=0,
-        description="Largest request or reply record flotilla produces, and the topic limit "
-        "it sets when creating topics. Replies of many long vectors need the room.",
+        description="Names this gateway's reply subject; <hostname>-<port> when unset. Keep it "
+        "unique per gateway: gateways sharing one each receive, and drop, the other's replies.",
     )
 
     # -- the JetStream work queue (`flotilla gateway --nats` / `flotilla worker --nats`) --
@@ -255,7 +230,7 @@ class Settings(BaseSettings):
         default=None,
         description="NATS server URL(s) with JetStream (nats://host:4222,...): `gateway` and "
         "`worker` share their work queue through it, per message (any worker takes any "
-        "request of a model it hosts). Takes precedence over --kafka for requests.",
+        "request of a model it hosts).",
     )
     nats_stream: str = Field(
         default="FLOTILLA_JOBS",
@@ -379,19 +354,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "ingest_max_records",
         "progress_interval_s",
     ),
-    "Kafka": (
-        "kafka",
-        "topic",
-        "group",
-        "dlq_create",
-        "request_topic",
-        "request_partitions",
-        "reply_topic_prefix",
-        "gateway_id",
-        "worker_group",
-        "status_topic",
-        "kafka_max_message_bytes",
-    ),
+    "Kafka": ("kafka", "topic", "group", "dlq_create"),
     "JetStream": (
         "nats",
         "nats_stream",
@@ -405,6 +368,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "nats_max_bytes",
         "nats_max_message_bytes",
         "nats_replicas",
+        "reply_topic_prefix",
+        "gateway_id",
     ),
     "LoRA training": tuple(TrainConfig.model_fields),
     "Prices": tuple(Prices.model_fields),

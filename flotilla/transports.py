@@ -1,6 +1,8 @@
-"""The distributed work queue's substrates behind one factory: `flotilla gateway` and
-`flotilla worker` ask ``transport(settings)`` for their halves and never branch on which
-queue carries the requests (JetStream with --nats, Kafka with --kafka)."""
+"""The distributed work queue behind one factory: `flotilla gateway` and `flotilla worker`
+ask ``transport(settings)`` for their halves and never branch on what carries the
+requests. One substrate does today, JetStream (--nats): a shared queue per message, so
+any worker may take any request of a model it hosts. Kafka (--kafka) carries documents
+to ingest, not requests: a partitioned log pins each request to one partition's owner."""
 
 from __future__ import annotations
 
@@ -45,62 +47,15 @@ class Transport(Protocol):
     ) -> Lifecycle: ...
 
 
-def _topic_safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "-", name)  # the characters Kafka allows in names
+def _subject_safe(name: str) -> str:
+    # No '*', '>' or whitespace, which NATS subjects forbid, nor anything else unusual.
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
 def reply_topic(settings: Settings) -> str:
-    """This gateway's own reply topic (Kafka) or inbox subject (JetStream)."""
+    """This gateway's own reply inbox subject, <prefix>.<gateway id>."""
     gateway_id = settings.gateway_id or f"{socket.gethostname()}-{settings.port}"
-    return f"{settings.reply_topic_prefix}.{_topic_safe(gateway_id)}"
-
-
-class KafkaTransport:
-    name = "kafka"
-
-    def submitter(self, settings: Settings) -> Submitter:
-        from embedder.queue.kafka.submitter import KafkaSubmitter
-
-        assert settings.kafka
-        return KafkaSubmitter(
-            bootstrap=settings.kafka,
-            request_topic=settings.request_topic,
-            reply_topic=reply_topic(settings),
-            request_partitions=settings.request_partitions,
-            max_message_bytes=settings.kafka_max_message_bytes,
-        )
-
-    def fleet_status(self, settings: Settings) -> FleetView:
-        from embedder.queue.kafka.heartbeat import FleetStatus
-
-        assert settings.kafka
-        return FleetStatus(bootstrap=settings.kafka, topic=settings.status_topic)
-
-    def puller(self, settings: Settings, worker_id: str) -> Puller:
-        from embedder.queue.kafka.puller import KafkaPuller
-
-        assert settings.kafka
-        return KafkaPuller(
-            bootstrap=settings.kafka,
-            topic=settings.request_topic,
-            group=settings.worker_group,
-            partitions=settings.request_partitions,
-            max_message_bytes=settings.kafka_max_message_bytes,
-        )
-
-    def heartbeat(
-        self, settings: Settings, worker_id: str, models: Sequence[str], states: ModelStates
-    ) -> Lifecycle:
-        from embedder.queue.kafka.heartbeat import WorkerHeartbeat
-
-        assert settings.kafka
-        return WorkerHeartbeat(
-            bootstrap=settings.kafka,
-            topic=settings.status_topic,
-            worker_id=worker_id,
-            models=models,
-            states=states,
-        )
+    return f"{settings.reply_topic_prefix}.{_subject_safe(gateway_id)}"
 
 
 class JetStreamTransport:
@@ -167,7 +122,6 @@ class JetStreamTransport:
 # Which setting selects which substrate, in order of precedence.
 TRANSPORTS: dict[str, Callable[[], Transport]] = {
     "nats": JetStreamTransport,
-    "kafka": KafkaTransport,
 }
 
 
@@ -176,6 +130,6 @@ def transport(settings: Settings) -> Transport:
         if getattr(settings, setting):
             return make()
     raise SystemExit(
-        "the distributed queue needs --nats URL (FLOTILLA_NATS) or --kafka BOOTSTRAP "
-        "(FLOTILLA_KAFKA)"
+        "the distributed queue needs --nats URL (FLOTILLA_NATS), a NATS server with "
+        "JetStream; --kafka carries documents to ingest, not requests"
     )

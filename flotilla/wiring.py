@@ -41,6 +41,7 @@ from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
 from ingest.records import RecordRules
 from ingest.store import CollectionNotFound, VectorStore, open_store
+from ingest.supervisor import IngestSupervisor
 
 
 def configured_fleet(settings: Settings) -> Fleet:
@@ -171,6 +172,7 @@ def local_stack(
     *,
     models: Sequence[str] | None = None,
     serving_url: str | None = None,
+    loader: RuntimeLoader = load_runtime,
 ) -> LocalStack:
     """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``).
     ``models`` (names, aliases or 'model:adapter') cuts the fleet to what a command
@@ -185,7 +187,7 @@ def local_stack(
     embedder = QueueEmbedder(
         queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
     )
-    host = model_host(settings, fleet, queue, adapters)
+    host = model_host(settings, fleet, queue, adapters, loader)
     core = IngestCore(embedder, store, rules, chunking=chunking(settings, host))
     return LocalStack(fleet, adapters, queue, host, store, core)
 
@@ -220,17 +222,32 @@ async def running_stack(
     before the models are loaded."""
     stack = local_stack(settings, store, models=models)
     async with stack.store:
-        for collection in claim:
-            with contextlib.suppress(CollectionNotFound):  # created on its first write
-                await stack.core.backoff.run(
-                    f"opening collection {collection}", stack.store.describe, collection
-                )
+        await claim_collections(stack, claim)
         async with stack.host:
             if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
                 raise Stopped
             if not stack.host.loaded:
                 raise SystemExit(f"no model could be loaded: {stack.host.failed}")
             yield stack
+
+
+async def claim_collections(stack: LocalStack, collections: Sequence[str]) -> None:
+    """Open each collection of the entered ``stack.store`` now, so one of the embedded
+    store that another process owns fails the command at once (``ShardLocked``, 409)."""
+    for collection in collections:
+        with contextlib.suppress(CollectionNotFound):  # created on its first write
+            await stack.core.backoff.run(
+                f"opening collection {collection}", stack.store.describe, collection
+            )
+
+
+def kafka_ingest(settings: Settings, core: IngestCore) -> IngestSupervisor | None:
+    """Supervised ingest of --topic into ``core`` when --kafka and --topic are set: a
+    failed run (a missing topic included) restarts with backoff while the process
+    serves, and its state is the ``IngestHealth`` of /ready and /metrics."""
+    if not (settings.kafka and settings.topic):
+        return None
+    return IngestSupervisor(kafka_source(settings, core))
 
 
 def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:

@@ -1,5 +1,8 @@
 """The worker's own small HTTP port: ``/metrics`` for Prometheus, ``/health`` (the
-process answers) and ``/ready`` (models loaded and pulling) for orchestrators.
+process answers) and ``/ready`` (models loaded and pulling) for orchestrators; a worker
+that ingests Kafka also reports ingest as `flotilla serve` does: in ``/ready`` (status
+"degraded" while ingest is not running, without failing the probe) and in its own probe
+``/ready/ingest`` (200 while it consumes, 503 otherwise).
 
 A worker serves no API, so this is a few lines over asyncio rather than a web
 framework, and it leaves the process's signal handling alone.
@@ -9,20 +12,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from embedder.lifecycle import Lifecycle
+from ingest.health import IngestHealth
 
 MAX_REQUEST_BYTES = 8192
 
 
 class WorkerHttp(Lifecycle):
-    def __init__(self, host: str, port: int, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ready: Callable[[], bool],
+        *,
+        ingest: IngestHealth | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.ready = ready
+        self.ingest = ingest
         self._server: asyncio.Server | None = None
 
     @property
@@ -47,9 +60,19 @@ class WorkerHttp(Lifecycle):
             return 200, "application/json", b'{"status": "ok"}'
         if path == "/ready":
             ok = self.ready()
-            body = b'{"status": "ready"}' if ok else b'{"status": "not_ready"}'
-            return (200 if ok else 503), "application/json", body
-        return 404, "application/json", b'{"error": "try /metrics, /health or /ready"}'
+            answer: dict[str, object] = {"status": "ready" if ok else "not_ready"}
+            if self.ingest is not None:
+                status = self.ingest.status()
+                answer["ingest"] = status.describe()
+                if ok and not status.up:
+                    answer["status"] = "degraded"
+            return (200 if ok else 503), "application/json", json.dumps(answer).encode()
+        if path == "/ready/ingest" and self.ingest is not None:
+            status = self.ingest.status()
+            body = json.dumps(status.describe()).encode()
+            return (200 if status.up else 503), "application/json", body
+        routes = "/metrics, /health, /ready" + (", /ready/ingest" if self.ingest else "")
+        return 404, "application/json", json.dumps({"error": f"try {routes}"}).encode()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ValueError):

@@ -37,13 +37,13 @@ from prometheus_client import Counter, Gauge
 
 from embedder.errors import FlotillaError
 from embedder.lifecycle import Lifecycle
-from embedder.queue.kafka.topics import TopicSpec, ensure_topics
 from ingest.dead_letters import ERROR_HEADER as ERROR_HEADER
 from ingest.dead_letters import dlq_topic as dlq_topic
 from ingest.dead_letters import send_dead_letters
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
 from ingest.raw_batches import raw_records, through_unreadable
 from ingest.records import SourceRef
+from ingest.topics import TopicSpec, ensure_topics
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,11 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.kafka.fixtures", "tests.nats.fixtures"]
+pytest_plugins = [
+    "tests.kafka.fixtures",
+    "tests.nats.fixtures",
+    "tests.ingest.store.server_fixture",
+]
 
 
 @pytest.fixture

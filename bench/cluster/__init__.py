@@ -4,7 +4,7 @@
 ``bench.cluster.scale``).
 
 The entry imports its side only when called, so that importing the package costs
-nothing and the simulation never loads the real run's HTTP and Kafka stack."""
+nothing and the simulation never loads the real run's HTTP and JetStream stack."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return real.main(args)
     if "-h" in args or "--help" in args:
-        print("(--real: real processes instead, a router against Kafka; see --real --help)\n")
+        print("(--real: real processes instead, a router against JetStream; see --real --help)\n")
     from bench.cluster import sim
 
     return sim.main(args)

@@ -44,6 +44,7 @@ class CostModel:
     max_wait_s: float
     forward_tokens: int
     forward_max_sequences: int
+    scale: float = 1.0  # how much slower than measured (``emulation.device_cost``)
 
     def batch_s(self, lengths: Sequence[int]) -> float:
         return self.fixed_s + self.per_token_s * padded_tokens(

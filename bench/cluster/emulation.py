@@ -13,6 +13,8 @@ and the busy fraction arithmetic over two /metrics samples. All pure but the fle
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,14 +26,32 @@ from bench.cluster.cost_model import CostModel, gpu_like, load_cost
 
 DEVICES = ("cpu", "gpu-like")
 BUSY_METRIC = "flotilla_inference_seconds_sum"  # time in forward, summed over models
+# A device's batch budget: the fewest tokens at which a forward reaches this share of
+# the device's peak throughput (the tuner's rule: the smallest budget close to the best).
+KNEE_SHARE = 0.9
+BUDGET_STEP = 64
+
+
+def knee_tokens(cost: CostModel, share: float = KNEE_SHARE) -> int:
+    """Tokens per forward at which ``fixed + per_token * t`` runs at ``share`` of the
+    per-token peak: ``t >= share / (1 - share) * fixed / per_token``, in steps of 64.
+    Past it a bigger batch gains little throughput and only holds more jobs on one
+    device, where a shared queue would give them to another."""
+    if not 0 < share < 1:
+        raise ValueError("share must be in (0, 1)")
+    tokens = share / (1 - share) * cost.fixed_s / cost.per_token_s
+    return max(BUDGET_STEP, BUDGET_STEP * math.ceil(tokens / BUDGET_STEP))
 
 
 def device_cost(device: str, scale: float = 1.0) -> CostModel:
-    """The cost model a ``device`` profile names, every cost times ``scale``."""
+    """The cost model a ``device`` profile names, every cost times ``scale``, its batch
+    budget tuned to the device (``knee_tokens``, never above the measured profile's)."""
     if device not in DEVICES:
         raise ValueError(f"unknown device profile {device!r}; known: {', '.join(DEVICES)}")
     base = load_cost()
     cost = base if device == "cpu" else gpu_like(base)
+    budget = min(cost.max_batch_tokens, knee_tokens(cost))  # scale cancels out of the knee
+    cost = replace(cost, max_batch_tokens=budget, forward_tokens=min(cost.forward_tokens, budget))
     if scale == 1.0:
         return cost
     return replace(
@@ -39,6 +59,8 @@ def device_cost(device: str, scale: float = 1.0) -> CostModel:
         label=f"{cost.label}, every cost x{scale:g}",
         fixed_s=cost.fixed_s * scale,
         per_token_s=cost.per_token_s * scale,
+        max_wait_s=cost.max_wait_s * scale,
+        scale=scale,
     )
 
 
@@ -90,17 +112,31 @@ def hosts_of(hosting: Mapping[int, Sequence[str]]) -> dict[str, list[int]]:
     return out
 
 
-def fleet_file(spec: Any, names: Sequence[str], path: Path) -> Path:
-    """A fleet of ``names``, each ``spec`` (its tokenizer and profile) on the emulated
-    device: models that cost the same, told apart by name only."""
+def fleet_file(spec: Any, names: Sequence[str], path: Path, cost: CostModel) -> Path:
+    """A fleet of ``names``, each ``spec`` (its tokenizer) on the emulated device with
+    ``cost``'s batch limits: models that cost the same, told apart by name only. The
+    latency target and the wait are in the device's time (times its ``scale``)."""
     from bench.hostpath import emulated
 
     moved = emulated(spec)
     body = moved.model_dump(mode="json", exclude={"name", "aliases"}, exclude_unset=True)
-    body["profiles"] = {k: p.model_dump(mode="json") for k, p in moved.profiles.items()}
-    models = {n: dict(body) for n in names}  # copies: no YAML anchors
+    body["profiles"] = {k: _limited(p, cost) for k, p in moved.profiles.items()}
+    models = {n: copy.deepcopy(body) for n in names}  # copies: no YAML anchors
     path.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
     return path
+
+
+def _limited(profile: Any, cost: CostModel) -> dict[str, Any]:
+    target = profile.latency_target_ms
+    dumped: dict[str, Any] = profile.model_dump(mode="json")
+    return dumped | {
+        "max_batch_tokens": cost.max_batch_tokens,
+        "max_batch_requests": cost.max_batch_requests,
+        "forward_tokens": cost.forward_tokens,
+        "forward_max_sequences": cost.forward_max_sequences,
+        "max_wait_ms": 1e3 * cost.max_wait_s,
+        "latency_target_ms": None if target is None else target * cost.scale,
+    }
 
 
 def busy_fractions(before: Sequence[float], after: Sequence[float], wall_s: float) -> list[float]:

@@ -2,7 +2,7 @@
 
 - ``pull``: one shared queue; a free worker forms its batch from it. It places
   nothing, so it has no picker here: the engine's shared queue (simulated) or
-  Kafka's consumer group (real) is the policy.
+  JetStream's shared work queue (real) is the policy.
 - ``rr`` (push): a router sends request k to worker k mod n; it reads no view.
 - ``least`` (push): to the worker with the least outstanding load (queued plus
   running) in the router's view, ties broken at random.

@@ -6,8 +6,9 @@ token-budgeted batch, run it), the same model, profile, threads and requests:
 - push: N ``flotilla serve`` processes (each its gateway, in-process queue and worker)
   behind one ``bench.cluster.router`` process that assigns every request to a worker by a
   policy on a view of their load refreshed every R ms (round-robin needs no view);
-- pull: ``flotilla gateway --kafka`` and N ``flotilla worker --kafka`` processes over a
-  real Kafka broker: the gateway annotates and produces, the workers pull.
+- pull: ``flotilla gateway --nats`` and N ``flotilla worker --nats`` processes over a
+  real nats-server with JetStream: the gateway annotates and publishes to the shared
+  work queue, the workers pull from it, any worker any request.
 
 Both stacks start once and stay up; for each number of closed-loop clients (the
 matched load) every mode runs for the same time on the same request sequence
@@ -26,7 +27,7 @@ measuring ``real_runs``'s, the ratios, tables and chart ``real_report``'s.
 
     python -m bench.cluster.real [--workers 2] [--threads 1] [--concurrency 4,16,48]
         [--duration-s 15] [--policies rr,least,least+own] [--refresh-ms 50]
-        [--p99-ms MS] [--kafka BOOTSTRAP] [--fleet FILE] [--summarize JSON]
+        [--p99-ms MS] [--nats URL] [--fleet FILE] [--summarize JSON]
 """
 
 from __future__ import annotations
@@ -73,21 +74,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flotilla-cr-")))
         broker = None
-        if args.kafka is None:
-            from tests.kafka.broker import KafkaBroker
+        if args.nats is None:
+            from tests.nats.server import NatsServer
 
-            broker = KafkaBroker()
+            broker = NatsServer()
             stack.callback(broker.stop)  # after the processes using it have stopped
         children = stack.enter_context(Children(logs, env))
-        print(f"starting {args.workers} push workers, a router per push run, a Kafka gateway "
-              f"and {args.workers} pull workers (logs: {logs})")  # fmt: skip
+        print(f"starting {args.workers} push workers, a router per push run, a JetStream "
+              f"gateway and {args.workers} pull workers (logs: {logs})")  # fmt: skip
         push = start_push(args, children, data_dir)  # they load their models meanwhile
-        bootstrap, broker_pid = args.kafka, None
+        url, broker_pid = args.nats, None
         if broker is not None:
             broker.start()
-            bootstrap, broker_pid = broker.bootstrap, broker.pid
-            print(f"  Kafka broker up in {broker.start_s:.1f} s at {bootstrap}")
-        gateway, pull = start_pull(args, children, bootstrap)
+            url, broker_pid = broker.url, broker.pid
+            print(f"  nats-server up in {broker.start_s:.1f} s at {url}")
+        gateway, pull = start_pull(args, children, url)
         roles = {
             "client": [os.getpid()],
             "push workers": [c.pid for c in push],
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mean_tokens": float(np.mean(plan.tokens)),
             "clients": "closed loop",
         },
-        "broker": "started by the benchmark" if broker_pid else f"given: {args.kafka}",
+        "broker": "started by the benchmark" if broker_pid else f"given: {args.nats}",
         **measured,
         "elapsed_s": time.perf_counter() - started,
     }
@@ -140,7 +141,7 @@ def _policies(value: str) -> list[str]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.cluster.real",
-        description="Push (a router over worker processes) versus pull (Kafka), for real.",
+        description="Push (a router over worker processes) versus pull (JetStream), for real.",
     )
     parser.add_argument("--workers", type=int, default=2, help="worker processes per side (2)")
     parser.add_argument("--threads", type=int, default=1, help="inference threads per worker (1)")
@@ -166,8 +167,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--p99-ms", type=float, default=None,
         help="the p99 latency target; default: twice the best p99 at the lightest level",
     )  # fmt: skip
-    parser.add_argument("--kafka", default=None, help="an existing broker; else one is started")
-    parser.add_argument("--partitions", type=int, default=12, help="of the request topic")
+    parser.add_argument(
+        "--nats", default=None, help="an existing nats-server with JetStream; else one is started"
+    )
     parser.add_argument("--fleet", type=Path, default=None, help="default: the bundled fleet")
     parser.add_argument("--n-texts", type=int, default=1000, help="passages in the corpus")
     parser.add_argument("--seed", type=int, default=texts.SEED)

@@ -111,14 +111,15 @@ def notes(data: dict[str, Any]) -> list[str]:
     cores = data["machine"]["cores"]
     out = [
         f"One machine, {cores} cores, shared by everything: the load generator, the router "
-        "(push) or the gateway and the Kafka broker (pull), and the workers "
+        "(push) or the gateway and the nats-server (pull), and the workers "
         f"({args['workers']} per side, {args['threads']} inference thread(s) each). The "
         "'cores' columns show what each part used; what the plumbing takes, the workers lack.",
         "Closed-loop clients: load is matched by the number of requests outstanding; "
         "throughput and latency at that load are the outcome.",
-        "Pull over Kafka: the gateway's producer puts each request on a random partition "
-        "and each worker reads only the partitions it owns, so a request waits for the "
-        "worker that owns its partition even when another is free (no work stealing).",
+        "Pull over JetStream: the gateway publishes each request to its model's work-queue "
+        "subject and every worker fetches from the one durable consumer they share, about "
+        "its token budget at a time, so a free worker takes whatever is queued (work "
+        "stealing per message; what does not fit is handed back with a nak).",
         "Each push worker is a whole `flotilla serve` (its own gateway, in-process queue "
         "and worker); the push path's HTTP hops are client -> router -> worker.",
     ]
@@ -133,7 +134,7 @@ def notes(data: dict[str, Any]) -> list[str]:
             "'workers' cores); rerun on a quiet machine or with --wait-quiet-s."
         )
     if not str(data.get("broker", "")).startswith("started"):
-        out.append("The broker was given (--kafka): its CPU is not counted.")
+        out.append("The nats-server was given (--nats): its CPU is not counted.")
     return out
 
 
@@ -268,7 +269,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
     right.legend(fontsize=8)
     args = data["args"]
     fig.suptitle(
-        f"push (router) vs pull (Kafka), real processes: {data['model']}, {args['workers']} "
+        f"push (router) vs pull (JetStream), real processes: {data['model']}, {args['workers']} "
         f"workers x {args['threads']} thread(s); {data['machine']['cpu']}, "
         f"{data['machine']['cores']} cores shared by all",
         fontsize=9,

@@ -113,7 +113,7 @@ async def check_and_warm(
     session: aiohttp.ClientSession, cluster: Cluster, plan: served.Plan, args: argparse.Namespace
 ) -> float:
     """The same request both ways (the worst cosine of its vectors), then a short load
-    on each side so no measured run pays for first batches or Kafka metadata."""
+    on each side so no measured run pays for first batches or new consumers."""
     body = plan.bodies[0]
     push_vectors = await embed(session, cluster.push_urls[0], body)
     pull_vectors = await embed(session, cluster.gateway_url, body)

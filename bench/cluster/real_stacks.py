@@ -3,8 +3,8 @@
 - push: ``start_push``'s N ``flotilla serve`` processes (each its gateway,
   in-process queue and worker), and per run a ``bench.cluster.router`` process in
   front of them (``start_router``) that places each request by the run's policy;
-- pull: ``start_pull``'s ``flotilla gateway --kafka`` and N ``flotilla worker
-  --kafka`` on fresh topics of a real broker.
+- pull: ``start_pull``'s ``flotilla gateway --nats`` and N ``flotilla worker
+  --nats`` on a fresh work-queue stream of a real nats-server.
 
 Both sides get the same model, profile, threads and request timeout, and
 admission control lifted (``UNLIMITED_TOKENS``) so that it does not decide the
@@ -28,6 +28,7 @@ from bench.cluster.processes import Child, Children, wait_until
 from bench.load import HOST, free_port
 
 UNLIMITED_TOKENS = 10_000_000  # admission control stays out of the comparison
+PULL = "pull (JetStream)"
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class Mode:
 
 
 def modes(policies: Sequence[str], refresh_ms: Sequence[float]) -> list[Mode]:
-    out = [Mode("pull (Kafka)")]
+    out = [Mode(PULL)]
     for policy in policies:
         if policy in VIEW_POLICIES:
             out += [Mode(f"push {policy} R={r:g}ms", policy, r) for r in refresh_ms]
@@ -81,23 +82,20 @@ def start_push(args: argparse.Namespace, children: Children, data_dir: Path) -> 
     return workers
 
 
-def start_pull(
-    args: argparse.Namespace, children: Children, bootstrap: str
-) -> tuple[Child, list[Child]]:
-    """``flotilla gateway --kafka`` and N ``flotilla worker --kafka`` on fresh topics."""
+def start_pull(args: argparse.Namespace, children: Children, url: str) -> tuple[Child, list[Child]]:
+    """``flotilla gateway --nats`` and N ``flotilla worker --nats`` on a fresh stream."""
     tag = uuid.uuid4().hex[:8]
-    kafka = [
-        "--kafka", bootstrap, "--request-topic", f"bench-requests-{tag}",
-        "--request-partitions", str(args.partitions), "--worker-group", f"bench-workers-{tag}",
-        "--status-topic", f"bench-status-{tag}",
+    queue = [
+        "--nats", url, "--nats-stream", f"BENCH_{tag}", "--nats-subject-prefix",
+        f"bench.{tag}", "--nats-storage", "memory",  # the in-process queue keeps none either
     ]  # fmt: skip
     port = free_port()
     flags = [
-        "gateway", *kafka, "--host", HOST, "--port", str(port),
+        "gateway", *queue, "--host", HOST, "--port", str(port),
         "--reply-topic-prefix", f"bench-replies-{tag}", "--gateway-id", "bench", *_common(args),
     ]  # fmt: skip
     gateway = children.start("pull-gateway", "flotilla", flags, port=port)
-    flags = ["worker", *kafka, "--threads", str(args.threads), *_common(args)]
+    flags = ["worker", *queue, "--threads", str(args.threads), *_common(args)]
     workers = []
     for i in range(args.workers):
         port = free_port()  # the worker's own /metrics: its batch sizes

@@ -143,7 +143,7 @@ async def run_side(
     ) as session:
         took = await wait_workers(session, children, side, args.ready_timeout_s)
         if not is_push:
-            await wait_gateway(session, children, side, MODELS, args.ready_timeout_s)
+            await wait_gateway(session, children, side, devices, args.ready_timeout_s)
         print(f"  {len(side.workers)} workers ready in {took:.1f} s")
         for name, policy, refresh in modes:
             router: Child | None = None
@@ -335,9 +335,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help=("the p99 target; default 10x one mean request alone on a full-speed device"),
     )
-    p.add_argument("--pull", choices=sorted(PULL_STACKS), default="kafka")
-    p.add_argument("--kafka", default=None, help="an existing broker; else one is started")
-    p.add_argument("--partitions", type=int, default=0, help="request topic (0: one a worker)")
+    p.add_argument("--pull", choices=sorted(PULL_STACKS), default="jetstream")
+    p.add_argument("--nats", default=None, help="an existing nats-server; else one is started")
     p.add_argument("--n-requests", type=int, default=20000)
     p.add_argument("--seed", type=int, default=20261129)
     p.add_argument("--request-timeout-s", type=float, default=30.0)

@@ -7,12 +7,13 @@ env) and the models it hosts (its fleet file). Each side starts its workers for 
 
 - push: N ``flotilla serve`` processes (gateway, in-process queue and worker in each),
   and per policy a ``bench.cluster.router`` process with the hosting map;
-- pull: a ``PullStack``, chosen by name from ``PULL_STACKS``. ``KafkaStack``: a broker
-  (started once), ``flotilla gateway --kafka`` and N ``flotilla worker --kafka`` on
-  fresh topics. Another queue substrate is one more class with ``start`` and ``stop``
-  (its gateway and worker commands) and one more entry in ``PULL_STACKS``;
-  ``serves_subsets`` says whether its workers can pull only the models they host
-  (Kafka's cannot: every member of a group must serve the whole fleet).
+- pull: a ``PullStack``, chosen by name from ``PULL_STACKS``. ``JetStreamStack``: a
+  nats-server (started once), ``flotilla gateway --nats`` and N ``flotilla worker
+  --nats`` on a fresh stream, each worker pulling only the models it hosts. Another
+  queue substrate is one more class with ``start`` and ``stop`` (its gateway and worker
+  commands) and one more entry in ``PULL_STACKS``; ``serves_subsets`` says whether its
+  workers can pull only the models they host (a partitioned queue cannot: every member
+  of a group must serve the whole fleet).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -85,19 +85,18 @@ def _common(args: argparse.Namespace, fleet: Path) -> list[str]:
     ]
 
 
-def _fleets(spec: Any, devices: Devices, logs: Path, tag: str, subsets: bool) -> list[Path]:
-    """Each worker's fleet file: its hosted models, or all of them (``subsets`` false)."""
-    out = []
-    for w in range(len(devices.devices)):
-        names = devices.hosting[w] if subsets else list(MODELS)
-        out.append(fleet_file(spec, names, logs / f"fleet-{tag}-{w}.yaml"))
-    return out
+def _fleets(spec: Any, devices: Devices, logs: Path, tag: str) -> list[Path]:
+    """Each worker's fleet file: the models it hosts."""
+    return [
+        fleet_file(spec, devices.hosting[w], logs / f"fleet-{tag}-{w}.yaml", device.cost)
+        for w, device in enumerate(devices.devices)
+    ]
 
 
 def start_push(
     args: argparse.Namespace, children: Children, spec: Any, devices: Devices, data_dir: Path
 ) -> Side:
-    fleets = _fleets(spec, devices, children.logs, f"push-{devices.name}", True)
+    fleets = _fleets(spec, devices, children.logs, f"push-{devices.name}")
     workers = []
     for i, (device, fleet) in enumerate(zip(devices.devices, fleets, strict=True)):
         port = free_port()
@@ -156,83 +155,83 @@ class PullStack(Protocol):
     def stop(self) -> None: ...
 
 
-class KafkaStack:
-    """The Kafka work queue: a partitioned request topic, workers in one group."""
+class JetStreamStack:
+    """The JetStream shared queue: a work-queue stream with subjects per model, each
+    worker pulling only the models it hosts from one durable consumer per model."""
 
-    name = "kafka"
-    serves_subsets = False
+    name = "jetstream"
+    serves_subsets = True
 
     def __init__(self) -> None:
-        self._broker: Any = None
-        self.bootstrap = ""
-        self.broker_pid: int | None = None
+        self._server: Any = None
+        self.url = ""
+        self.server_pid: int | None = None
 
-    def _ensure_broker(self, args: argparse.Namespace) -> None:
-        if self.bootstrap:
+    def _ensure_server(self, args: argparse.Namespace) -> None:
+        if self.url:
             return
-        if args.kafka:
-            self.bootstrap = args.kafka
+        if args.nats:
+            self.url = args.nats
             return
-        from tests.kafka.broker import KafkaBroker
+        from tests.nats.server import NatsServer
 
-        self._broker = KafkaBroker()
-        self._broker.start()
-        self.bootstrap, self.broker_pid = self._broker.bootstrap, self._broker.pid
-        print(f"  Kafka broker up in {self._broker.start_s:.1f} s at {self.bootstrap}")
+        self._server = NatsServer().start()
+        self.url = self._server.url
+        self.server_pid = self._server.pid
+        print(f"  nats-server up at {self.url}")
 
     def start(
         self, args: argparse.Namespace, children: Children, spec: Any, devices: Devices
     ) -> Side:
-        self._ensure_broker(args)
-        tag = uuid.uuid4().hex[:8]
-        fleets = _fleets(spec, devices, children.logs, f"pull-{devices.name}", False)
-        kafka = [
-            "--kafka",
-            self.bootstrap,
-            "--request-topic",
-            f"bench-requests-{tag}",
-            "--request-partitions",
-            str(args.partitions or len(devices.devices)),
-            "--worker-group",
-            f"bench-workers-{tag}",
-            "--status-topic",
-            f"bench-status-{tag}",
+        self._ensure_server(args)
+        stream = f"BENCH_{uuid.uuid4().hex[:8].upper()}"
+        fleets = _fleets(spec, devices, children.logs, f"pull-{devices.name}")
+        nats = [
+            "--nats",
+            self.url,
+            "--nats-stream",
+            stream,
+            "--nats-subject-prefix",
+            f"bench.{stream}",
+            "--nats-storage",
+            "memory",  # the comparison is of queues, not of disks
         ]
         port = free_port()
+        gateway_fleet = fleet_file(
+            spec, list(MODELS), children.logs / "fleet-gateway.yaml", devices.devices[0].cost
+        )
         flags = [
             "gateway",
-            *kafka,
+            *nats,
             "--host",
             HOST,
             "--port",
             str(port),
-            "--reply-topic-prefix",
-            f"bench-replies-{tag}",
             "--gateway-id",
             "bench",
-            *_common(args, fleets[0]),
+            *_common(args, gateway_fleet),
         ]
         gateway = children.start(f"pull-gateway-{devices.name}", "flotilla", flags, port)
         workers = []
         for i, (device, fleet) in enumerate(zip(devices.devices, fleets, strict=True)):
             port = free_port()  # the worker's own /metrics
-            flags = ["worker", *kafka, "--worker-port", str(port), *_common(args, fleet)]
+            flags = ["worker", *nats, "--worker-port", str(port), *_common(args, fleet)]
             workers.append(
                 children.start(f"pull-{devices.name}-{i}", "flotilla", flags, port, device.env())
             )
         roles = {"workers": [w.pid for w in workers], "gateway": [gateway.pid]}
-        if self.broker_pid is not None:
-            roles["broker"] = [self.broker_pid]
+        if self.server_pid is not None:
+            roles["broker"] = [self.server_pid]
         return Side(gateway.url, workers, roles, [gateway])
 
     def stop(self) -> None:
-        broker, self._broker = self._broker, None
-        if broker is not None:
+        server, self._server = self._server, None
+        if server is not None:
             with contextlib.suppress(Exception):
-                broker.stop()
+                server.stop()
 
 
-PULL_STACKS: dict[str, type[KafkaStack]] = {"kafka": KafkaStack}
+PULL_STACKS: dict[str, type[JetStreamStack]] = {"jetstream": JetStreamStack}
 
 
 async def wait_workers(
@@ -254,19 +253,19 @@ async def wait_gateway(
     session: aiohttp.ClientSession,
     children: Children,
     side: Side,
-    models: Sequence[str],
+    devices: Devices,
     timeout_s: float,
 ) -> float:
-    """Until the pull gateway sees every worker serving ``models``."""
+    """Until the pull gateway sees, for every model, each worker that hosts it."""
+    hosts = {m: sum(m in names for names in devices.hosting.values()) for m in MODELS}
 
     async def ready() -> bool:
         async with session.get(f"{side.url}/v1/models") as response:
             data = (await response.json())["data"]
         by_name = {m["id"]: m for m in data}
         return all(
-            by_name.get(m, {}).get("state") == "ready"
-            and by_name[m].get("workers") == len(side.workers)
-            for m in models
+            by_name.get(m, {}).get("state") == "ready" and by_name[m].get("workers") == count
+            for m, count in hosts.items()
         )
 
     return await wait_until(ready, children, "the pull gateway", timeout_s)

@@ -1,7 +1,7 @@
 """The shared queue between gateways and workers, one substrate per module or package.
 
 ``protocol`` says what both sides agree on (re-exported here); ``inprocess``
-serves one machine; ``kafka`` spans many. Importing this package or
+serves one machine; ``jetstream`` spans many. Importing this package or
 ``inprocess`` never imports a broker's client: the gateway of the one-machine
 service needs none.
 """

@@ -8,6 +8,7 @@ the heaps drop it lazily when it reaches their head.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import heapq
 from collections import Counter
@@ -26,6 +27,9 @@ class InProcessQueue:
         self._heaps: dict[str, list[tuple[tuple[float, int, float, str], EmbedJob]]] = {}
         self._waiters: dict[str, asyncio.Future[JobResult]] = {}
         self._streams: dict[str, ReplyStream] = {}
+        # Parts of jobs whose requester takes the answer whole (a relay, say): joined
+        # in front of the outcome's body, so nothing of a streamed answer is lost.
+        self._parts: dict[str, list[bytes]] = {}
         self._available = asyncio.Condition()
 
     async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
@@ -50,12 +54,15 @@ class InProcessQueue:
         stream = self._streams.get(job_id)
         if stream is not None:
             stream.push(partial)
+        else:
+            self._parts.setdefault(job_id, []).append(partial.body)
         return True
 
     def _forget(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
         """Drop a finished future's entry, but never a newer job's under the same id."""
         if self._waiters.get(job_id) is future:
             del self._waiters[job_id]
+            self._parts.pop(job_id, None)
         stream = self._streams.get(job_id)
         if stream is not None and stream.future is future:
             del self._streams[job_id]
@@ -96,8 +103,11 @@ class InProcessQueue:
 
     async def complete(self, job_id: str, outcome: Outcome) -> None:
         future = self._waiters.pop(job_id, None)
+        parts = self._parts.pop(job_id, [])
         if future is None or future.done():
             return  # the requester gave up; nothing waits for this result
+        if parts and isinstance(outcome, JobResult):
+            outcome = dataclasses.replace(outcome, body=b"".join([*parts, outcome.body]))
         resolve(future, outcome)
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:

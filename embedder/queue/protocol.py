@@ -18,7 +18,8 @@ outcome has none, which marks it final); the gateway puts them in ``seq`` order 
 drops repeats (a redelivered job answered again), and parts and outcome of one worker
 travel one connection, so the outcome comes after its parts. What it does not carry yet
 is the gateway's withdrawal: a client that leaves a distributed stream stops its
-sequence only when the deadline passes. The Kafka request queue answers streams whole.
+sequence only when the deadline passes. A substrate without ``partial`` answers a
+stream whole at its end.
 """
 
 from __future__ import annotations

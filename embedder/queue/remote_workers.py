@@ -1,6 +1,6 @@
 """What a gateway knows of workers in other processes: each one's models and their
-states, until its word expires. The Kafka heartbeats and the JetStream liveness bucket
-both feed this one view, so both answer ``ModelStates`` alike."""
+states, until its word expires. The JetStream liveness bucket feeds it; a substrate
+added later answers ``ModelStates`` alike by filling the same view."""
 
 from __future__ import annotations
 

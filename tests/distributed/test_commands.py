@@ -1,5 +1,5 @@
 """`flotilla gateway` and `flotilla worker`: their flags and settings, the refusal without
---kafka, and imports that keep torch out of the gateway."""
+--nats, and imports that keep torch out of the gateway."""
 
 from __future__ import annotations
 
@@ -43,39 +43,64 @@ def test_every_setting_is_a_flag(command: str) -> None:
 
 
 @pytest.mark.parametrize("command", ["gateway", "worker"])
-def test_refused_without_kafka(command: str, started: list[tuple[str, Settings]]) -> None:
+def test_refused_without_nats(command: str, started: list[tuple[str, Settings]]) -> None:
     result = CliRunner().invoke(app, [command])
     assert result.exit_code == 2
-    assert "--kafka" in result.output
+    assert "--nats" in result.output
+    assert started == []
+
+
+@pytest.mark.parametrize("command", ["gateway", "worker"])
+def test_kafka_alone_carries_no_requests(command: str, started: list[tuple[str, Settings]]) -> None:
+    """--kafka is the documents' stream; the requests need JetStream, and the refusal says so."""
+    result = CliRunner().invoke(app, [command, "--kafka", "k:9092"])
+    assert result.exit_code == 2
+    assert "--nats" in result.output
     assert started == []
 
 
 def test_flags_and_environment_reach_the_commands(started: list[tuple[str, Settings]]) -> None:
-    env = {"FLOTILLA_KAFKA": "k1:9092", "FLOTILLA_WORKER_GROUP": "gpu-pool"}
-    flags = ["--request-topic", "reqs", "--request-partitions", "24", "--gateway-id", "gw-a"]
+    env = {"FLOTILLA_NATS": "nats://n1:4222", "FLOTILLA_NATS_STREAM": "GPU_JOBS"}
+    flags = ["--nats-ack-wait-s", "30", "--nats-max-deliver", "3", "--gateway-id", "gw-a"]
     assert CliRunner().invoke(app, ["gateway", *flags], env=env).exit_code == 0
-    assert CliRunner().invoke(app, ["worker", "--kafka", "k2:9092"], env=env).exit_code == 0
+    assert CliRunner().invoke(app, ["worker", "--nats", "nats://n2:4222"], env=env).exit_code == 0
     (_, gw), (_, wk) = started
-    assert (gw.kafka, gw.request_topic, gw.request_partitions) == ("k1:9092", "reqs", 24)
+    assert (gw.nats, gw.nats_ack_wait_s, gw.nats_max_deliver) == ("nats://n1:4222", 30.0, 3)
     assert reply_topic(gw) == "flotilla.replies.gw-a"
-    assert (wk.kafka, wk.worker_group, wk.request_topic) == (
-        "k2:9092",
-        "gpu-pool",
-        "flotilla.requests",
+    assert (wk.nats, wk.nats_stream, wk.nats_subject_prefix) == (
+        "nats://n2:4222",
+        "GPU_JOBS",
+        "flotilla.jobs",
     )
 
 
-def test_reply_topic_defaults_to_host_and_port_in_kafka_characters() -> None:
-    topic = reply_topic(Settings(gateway_id="pod/7 ä", port=9000))
-    assert topic == "flotilla.replies.pod-7--"
+def test_a_worker_that_ingests_needs_the_broker_and_a_valid_collection(
+    started: list[tuple[str, Settings]],
+) -> None:
+    nats = ["worker", "--nats", "nats://n:4222"]
+    result = CliRunner().invoke(app, [*nats, "--topic", "docs"])
+    assert result.exit_code == 2 and "--kafka BOOTSTRAP" in result.output, result.output
+    result = CliRunner().invoke(app, [*nats, "--kafka", "k:9092", "--topic", "docs",
+                                      "--collection", "no spaces"])  # fmt: skip
+    assert result.exit_code == 2 and "--collection" in result.output, result.output
+    assert started == []
+    flags = [*nats, "--kafka", "k:9092", "--topic", "docs", "--group", "g1"]
+    assert CliRunner().invoke(app, flags).exit_code == 0
+    ((_, wk),) = started
+    assert (wk.nats, wk.kafka, wk.topic, wk.group) == ("nats://n:4222", "k:9092", "docs", "g1")
+
+
+def test_the_reply_inbox_defaults_to_host_and_port_in_subject_characters() -> None:
+    inbox = reply_topic(Settings(gateway_id="pod/7 ä", port=9000))
+    assert inbox == "flotilla.replies.pod-7--"
     assert reply_topic(Settings(port=9001)).endswith("-9001")
 
 
 def test_the_distributed_gateway_imports_leave_torch_out() -> None:
     modules = (
         "flotilla.distributed",
-        "embedder.queue.kafka.submitter",
-        "embedder.queue.kafka.puller",
-        "embedder.queue.kafka.heartbeat",
+        "embedder.queue.jetstream.submitter",
+        "embedder.queue.jetstream.puller",
+        "embedder.queue.jetstream.liveness",
     )
     assert heavy_modules_after(*modules) == []

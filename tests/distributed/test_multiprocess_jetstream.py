@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.distributed.test_multiprocess import (
+from tests.distributed.cluster import (
     CONCURRENCY,
     MIN_COSINE,
     REQUEST_TIMEOUT_S,
@@ -156,6 +156,10 @@ async def test_kill_one_worker_and_freeze_another_every_request_answered_once(
         assert during_freeze["answered"] >= 20, during_freeze
         assert during_freeze["survivor"] >= 20, during_freeze
         assert during_freeze["survivor"] > 5 * during_freeze["frozen"], during_freeze
+        # The survivors' own ports still say ready after the kill and the freeze.
+        async with httpx.AsyncClient(timeout=5) as check:
+            for port in worker_ports[1:]:
+                assert (await check.get(f"http://127.0.0.1:{port}/ready")).status_code == 200
         for worker in workers[1:]:
             assert worker.stop() == 0, worker.tail()
         assert gateway.stop() in (0, -signal.SIGTERM), gateway.tail()

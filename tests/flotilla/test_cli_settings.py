@@ -64,22 +64,25 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
-            *("kafka", "request_topic", "request_partitions", "status_topic"),
-            *("kafka_max_message_bytes", "reply_topic_prefix", "gateway_id"),
+            *("reply_topic_prefix", "gateway_id"),
             *NATS,
         }
     ),
     # flotilla.distributed.run_worker: the fleet on this device, the puller, request
-    # limits, adapters, heartbeats, and its own /metrics server on --host.
+    # limits, adapters, heartbeats, and its own /metrics server on --host; with --topic
+    # (flotilla.worker_ingest) the store, the record rules and the Kafka source.
     ("worker",): frozenset(
         {
             *("host", "worker_port", "log_level"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned"),
             *("max_inputs_per_request", "auto_truncate"),
-            *("kafka", "request_topic", "request_partitions", "status_topic"),
-            *("kafka_max_message_bytes", "worker_group"),
+            *("kafka",),
             *NATS,
+            *("store", "qdrant_url", "qdrant_api_key"),
+            *("bytes_per_token", "collection", "ingest_max_text_bytes", "ingest_model"),
+            *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
+            *("topic", "group", "ingest_max_records", "dlq_create"),
         }
     ),
     # flotilla.ingest: ingest_stack() (one input per job, so no request limit), the Kafka
@@ -199,13 +202,13 @@ def test_help_lists_exactly_the_settings_the_command_reads(
 def test_eval_and_gateway_leave_out_what_they_do_not_use(runner: CliRunner) -> None:
     """The case that started it: an evaluation listed the work queue's topics."""
     evaluation = rows(help_of(runner, ("eval", "retrieval")))
-    for name in ("reply_topic_prefix", "worker_group", "request_topic", "kafka", "port"):
+    for name in ("reply_topic_prefix", "nats", "nats_stream", "kafka", "port"):
         assert flag(name) not in evaluation, name
     assert "--collection" in evaluation and "--ingest-max-text-bytes" in evaluation
     gateway = rows(help_of(runner, ("gateway",)))
-    for name in ("topic", "group", "collection", "ingest_max_text_bytes", "ingest_max_records"):
+    for name in ("kafka", "topic", "group", "collection", "ingest_max_text_bytes"):
         assert flag(name) not in gateway, name  # ingest knobs
-    for name in ("device", "threads", "model_cache_dir", "auto_truncate", "worker_group"):
+    for name in ("device", "threads", "model_cache_dir", "auto_truncate", "worker_port"):
         assert flag(name) not in gateway, name  # a worker's
     assert "--reply-topic-prefix" in gateway and "--store" in gateway
 
@@ -316,8 +319,8 @@ def test_each_setting_is_a_flag_over_its_environment_variable(
     cls = settings_class(command)
     names = [n for n in cls.model_fields if (n in READS[command]) is shown]
     args, env, want = own_arguments(command, tmp_path), {"COLUMNS": "200"}, {}
-    if "kafka" not in names:
-        env[var("kafka")] = "k:9092"  # the gateway and the worker refuse to start without
+    if "nats" not in names:
+        env[var("nats")] = "nats://n:4222"  # the gateway and the worker refuse to start without
     for name in names:
         flags, env[var(name)], want[name] = values(name, cls, tmp_path)
         args += flags
@@ -332,11 +335,11 @@ def test_an_unshown_setting_still_comes_from_the_environment(
     runner: CliRunner, recorded: Recorded, tmp_path: Path
 ) -> None:
     args = own_arguments(("eval", "retrieval"), tmp_path)
-    env = {"FLOTILLA_WORKER_GROUP": "env-workers", "FLOTILLA_PORT": "9000"}
+    env = {"FLOTILLA_NATS_STREAM": "ENV_JOBS", "FLOTILLA_PORT": "9000"}
     result = runner.invoke(app, ["eval", "retrieval", *args], env=env)
     assert result.exit_code == 0, result.output
     (settings,) = recorded
-    assert (settings.worker_group, settings.port) == ("env-workers", 9000)
+    assert (settings.nats_stream, settings.port) == ("ENV_JOBS", 9000)
     assert settings.reply_topic_prefix == Settings.model_fields["reply_topic_prefix"].default
 
 

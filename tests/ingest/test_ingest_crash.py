@@ -10,12 +10,9 @@ the real broker.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +21,9 @@ import pytest
 from embedder.fleet import load_fleet
 from ingest.store import Point, chunk_point_id
 from ingest.store.qdrant import QdrantStore
+from tests.distributed.cluster import Process
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce
-from tests.ingest.store.server_fixture import free_port, start_store_server, stop, wait_ready
 from tests.ingest.test_kafka_ingest import COLLECTION, documents, expected_vectors
 from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
@@ -46,49 +43,8 @@ def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
         return tiny_fleet_file(folder, build_tiny_embedder(folder))
 
 
-@pytest.fixture
-def store_url(tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    log = tmp_path / "store.log"
-    proc = start_store_server(tmp_path / "store", port, log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, log)
-        yield url
-    finally:
-        stop(proc)
-
-
-class Worker:
-    """One `flotilla ingest` process; its output goes to a log file."""
-
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.log = log
-        with log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "flotilla", "ingest", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "HF_HUB_OFFLINE": "1"},
-            )
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                return self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
 async def wait_for(
-    check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, workers: list[Worker]
+    check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, workers: list[Process]
 ) -> None:
     """Poll ``check``; fail early if a worker dies on its own, with its log."""
     deadline = time.monotonic() + timeout_s
@@ -157,7 +113,7 @@ async def test_kill_9_mid_stream_loses_and_duplicates_nothing(
         "--ingest-max-records", "200",
     ]  # fmt: skip
     store = QdrantStore(url=store_url)
-    workers = [Worker(args, tmp_path / f"worker-{i}.log") for i in range(2)]
+    workers = [Process("ingest", args, tmp_path / f"worker-{i}.log") for i in range(2)]
 
     async def some_written() -> bool:
         try:
@@ -174,7 +130,7 @@ async def test_kill_9_mid_stream_loses_and_duplicates_nothing(
     await wait_for(some_written, 180, "a quarter of the passages", workers)
     workers[0].kill()  # SIGKILL: no drain, no commit
     assert await lag() > 0, "the stream ended before the kill; make it longer"
-    workers.append(Worker(args, tmp_path / "worker-restarted.log"))
+    workers.append(Process("ingest", args, tmp_path / "worker-restarted.log"))
     await wait_for(drained, 300, "the first phase to be committed", workers)
 
     before = await stored_passages(store, [d for d, t in second if t is not None])
@@ -186,10 +142,10 @@ async def test_kill_9_mid_stream_loses_and_duplicates_nothing(
     await wait_for(replacing, 120, "the second phase to start", workers)
     workers[1].kill()
     assert await lag() > 0, "the second phase ended before the kill; make it longer"
-    workers.append(Worker(args, tmp_path / "worker-restarted-2.log"))
+    workers.append(Process("ingest", args, tmp_path / "worker-restarted-2.log"))
     await wait_for(drained, 300, "every record to be committed", workers)
     for worker in workers[2:]:
-        assert worker.stop() == 0, worker.log.read_text()[-3000:]
+        assert worker.stop(timeout_s=60) == 0, worker.log.read_text()[-3000:]
 
     final: dict[str, str | None] = dict(first)
     final.update(second)

@@ -55,12 +55,19 @@ class NatsServer:
         self._dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._port = 0
+        self.start_s = 0.0  # seconds the last start() took, for reports
 
     @property
     def url(self) -> str:
         if not self.running:
             raise RuntimeError("nats-server is not running")
         return f"nats://{HOST}:{self._port}"
+
+    @property
+    def pid(self) -> int:
+        if self._process is None:
+            raise RuntimeError("nats-server is not running")
+        return self._process.pid
 
     @property
     def running(self) -> bool:
@@ -73,6 +80,7 @@ class NatsServer:
     def start(self) -> Self:
         if self._process is not None:
             return self
+        started = time.perf_counter()
         self._dir = Path(tempfile.mkdtemp(prefix="flotilla-nats-"))
         self._port = _free_port()
         config = self._dir / "server.conf"
@@ -96,6 +104,7 @@ class NatsServer:
                 self.stop()
                 raise NatsSetupError(f"nats-server did not start:\n{log}")
             time.sleep(0.02)
+        self.start_s = time.perf_counter() - started
         return self
 
     def _ready(self) -> bool:

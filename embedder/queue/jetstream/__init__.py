@@ -6,8 +6,9 @@ the annotations as headers (``wire``). Workers (``puller.JetStreamPuller``) of o
 model share one durable pull consumer filtered to that subject, so a worker pulls
 only the models it hosts, and any of them may take any request: a slow or stopped
 worker's backlog is simply fetched by the others. A worker fetches about its token
-budget, hands back with ``nak(delay)`` what does not fit, ``term()``s what expired,
-and acks a job only once its reply is published to the gateway's own inbox subject.
+budget (every hosted model's consumer at once), hands back with ``nak(delay)``
+what does not fit, ``term()``s what expired, and acks a job only once
+its reply is published to the gateway's own inbox subject.
 
 Delivery is at least once: a job a worker holds unacknowledged past ``ack_wait``
 (it died, or it is stopped) goes to another worker; the gateway keeps the first

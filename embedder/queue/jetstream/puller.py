@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable
@@ -32,13 +33,18 @@ log = logging.getLogger(__name__)
 HANDLED = MetricCounter(
     "flotilla_jetstream_requests",
     "Request messages a worker fetched, by what became of them: 'taken', 'handed_back' "
-    "(nak: over the token budget), 'expired' and 'malformed' (both terminated).",
+    "(nak: over the token budget), 'handed_on' (nak: fetched for another model while this "
+    "worker ran a batch), 'expired' and 'malformed' (both terminated).",
     ["outcome"],
 )
 TAKEN = HANDLED.labels("taken")
 HANDED_BACK = HANDLED.labels("handed_back")
+HANDED_ON = HANDLED.labels("handed_on")
 MAX_FETCH = 64  # messages asked for in one fetch, however small the jobs
 FIRST_GUESS_TOKENS = 64.0  # tokens per job assumed before any was seen
+# How long a fetch for the rest of a batch may linger on the server: the requests that
+# arrive within it go with the batch, the later ones to whichever worker asks first.
+REST_WAIT_S = 0.002
 
 
 @dataclass(slots=True)
@@ -74,6 +80,10 @@ class JetStreamPuller(Lifecycle):
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._subs: dict[str, JetStreamContext.PullSubscription] = {}
+        self._fetching: dict[JetStreamContext.PullSubscription, asyncio.Future[list[Msg]]] = {}
+        self._waiting = False  # a pull is waiting on self._fetching
+        self._kept: list[Msg] = []  # brought between pulls, for the next one
+        self._handing: set[asyncio.Future[None]] = set()
         self._held: dict[str, _Held] = {}
         self._tokens_per_job = FIRST_GUESS_TOKENS
         self._serving = False
@@ -105,6 +115,7 @@ class JetStreamPuller(Lifecycle):
             return
         self._serving = False
         await cancel_and_wait(self._keepalive)
+        await self._hand_back_fetching()
         await self._hand_back_held()
         assert self._dead is not None
         await self._dead.stop()
@@ -125,6 +136,7 @@ class JetStreamPuller(Lifecycle):
                 await asyncio.wait_for(self._released.wait(), remaining)
         left = len(self._held)
         self._answers = False
+        await self._hand_back_fetching()
         await self._hand_back_held()
         return left
 
@@ -212,29 +224,87 @@ class JetStreamPuller(Lifecycle):
     async def _fetch(
         self, subs: list[JetStreamContext.PullSubscription], batch: int, timeout_s: float
     ) -> list[Msg]:
-        async def one(sub: JetStreamContext.PullSubscription) -> list[Msg]:
+        kept, self._kept = self._kept, []
+        if len(subs) == 1 and not self._fetching:
+            return kept + await self._fetch_one(subs[0], batch, timeout_s)
+        # Several models: one fetch per model runs at a time, and the first that brings
+        # something ends the wait. The others are left running, never cancelled: a
+        # cancelled fetch drops the messages it already took, and those would wait out
+        # ``ack_wait`` before redelivery. One that ends while this worker is not pulling
+        # (it is running a batch) hands its requests on (``_ended_unasked``).
+        for sub in subs:
+            if sub not in self._fetching:
+                task = asyncio.ensure_future(self._fetch_one(sub, batch, timeout_s))
+                task.add_done_callback(functools.partial(self._ended_unasked, sub))
+                self._fetching[sub] = task
+        if not kept:  # with requests in hand already, take what has come and go
+            self._waiting = True
             try:
-                return await sub.fetch(batch, timeout=max(timeout_s, 0.001))
-            except TimeoutError:
-                return []
-            except NatsError as exc:
-                log.warning("fetching requests failed: %r", exc)
-                await asyncio.sleep(timeout_s)
-                return []
+                await asyncio.wait(
+                    self._fetching.values(),
+                    timeout=timeout_s + 1.0,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                self._waiting = False
+        return kept + self._collect()
 
-        if len(subs) == 1:
-            return await one(subs[0])
-        # Several models: the first fetch that brings something ends the wait; messages
-        # the others bring later land in their subscriptions and come with the next pull.
-        tasks = [asyncio.ensure_future(one(sub)) for sub in subs]
-        await asyncio.wait(tasks, timeout=timeout_s + 1.0, return_when=asyncio.FIRST_COMPLETED)
+    def _ended_unasked(
+        self, sub: JetStreamContext.PullSubscription, task: asyncio.Future[list[Msg]]
+    ) -> None:
+        """A fetch left running brought requests while this worker runs a batch: those
+        delivered for the first time go back at once (no delay) to a worker that is
+        asking; one already handed on is kept for this worker's next pull, so that no
+        request bounces toward ``max_deliver``."""
+        if self._waiting or self._fetching.get(sub) is not task or task.cancelled():
+            return
+        del self._fetching[sub]
+        messages = task.result()
+        back = [m for m in messages if m.metadata.num_delivered <= 1]
+        self._kept.extend(m for m in messages if m.metadata.num_delivered > 1)
+        if back:
+            HANDED_ON.inc(len(back))
+            handing = asyncio.ensure_future(self._nak_all(back))
+            self._handing.add(handing)
+            handing.add_done_callback(self._handing.discard)
+
+    def _collect(self) -> list[Msg]:
+        """The messages of the fetches that have ended."""
         found: list[Msg] = []
-        for task in tasks:
+        for sub, task in list(self._fetching.items()):
             if task.done():
+                del self._fetching[sub]
                 found.extend(task.result())
-            else:
-                task.cancel()
         return found
+
+    @staticmethod
+    async def _nak_all(messages: list[Msg]) -> None:
+        for msg in messages:
+            with contextlib.suppress(NatsError):
+                await msg.nak()
+
+    async def _fetch_one(
+        self, sub: JetStreamContext.PullSubscription, batch: int, timeout_s: float
+    ) -> list[Msg]:
+        """The first message as soon as there is one, then up to the rest of ``batch``
+        among those already waiting. A pull request outlives its fetch on the server
+        until it is filled or expires: asked for a whole batch at once, a worker would
+        go on collecting requests into its inbox while it runs the first ones, where no
+        free worker can take them."""
+        try:
+            first = await sub.fetch(1, timeout=max(timeout_s, 0.001))
+            if batch <= 1:
+                return first
+            try:
+                return first + await sub.fetch(batch - 1, timeout=REST_WAIT_S)
+            except TimeoutError:
+                return first
+        except TimeoutError:
+            return []
+        except NatsError as exc:
+            log.warning("fetching requests failed: %r", exc)
+            await asyncio.sleep(timeout_s)
+            return []
 
     async def _admit(self, msg: Msg, now: float) -> EmbedJob | None:
         try:
@@ -254,6 +324,20 @@ class JetStreamPuller(Lifecycle):
             return None
         self._held[job.id] = _Held(msg, reply_to, job.deadline)
         return job
+
+    async def _hand_back_fetching(self) -> None:
+        """Wait for the fetches still running (each ends by its timeout) and hand back
+        what they brought, so that nothing waits out ``ack_wait`` on a stopped worker."""
+        self._waiting = True  # what they bring is collected here
+        try:
+            if self._fetching:
+                await asyncio.wait(self._fetching.values())
+        finally:
+            self._waiting = False
+        kept, self._kept = self._kept, []
+        await self._nak_all(kept + self._collect())
+        if self._handing:
+            await asyncio.gather(*self._handing)
 
     async def _hand_back_held(self) -> None:
         held, self._held = list(self._held.values()), {}

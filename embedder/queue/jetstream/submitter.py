@@ -113,17 +113,17 @@ class JetStreamSubmitter(Lifecycle):
                 headers=wire.encode_job(job, self.inbox),
             )
         except (TimeoutError, nats.errors.TimeoutError):
-            future.cancel()
+            self._withdraw(job.id, future)
             raise DeadlineExceeded(
                 "the work queue (JetStream) did not take the request in time"
             ) from None
         except MaxPayloadError:
-            future.cancel()
+            self._withdraw(job.id, future)
             raise LimitExceeded(
                 "the request is over the NATS server's max_payload: split it"
             ) from None
         except NatsError as exc:
-            future.cancel()
+            self._withdraw(job.id, future)
             raise NotReady(f"the work queue (JetStream) refused the request: {exc!r}") from exc
         return future
 
@@ -131,6 +131,11 @@ class JetStreamSubmitter(Lifecycle):
         stream = ReplyStream(await self.put(job))
         self._streams[job.id] = _Reassembly(stream)
         return stream
+
+    def _withdraw(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
+        """A job that never reached the stream: gone from depth() now, not a turn later."""
+        future.cancel()
+        self._forget(job_id, future)
 
     def _forget(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
         entry = self._waiters.get(job_id)

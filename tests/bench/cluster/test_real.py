@@ -1,7 +1,7 @@
 """The real-process push-versus-pull comparison: its ratios on made-up runs, how
 `flotilla bench cluster` reaches it, and one tiny real run (a random-weight model, the
-real broker, real `flotilla serve`, gateway, worker and router processes, one worker a
-side) that must serve every request both ways without an error."""
+real nats-server, real `flotilla serve`, gateway, worker and router processes, one worker
+a side) that must serve every request both ways without an error."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from bench.cluster import real as cluster_real
 from bench.cluster import real_report as cluster_real_report
 from bench.cluster import sim as cluster_sim
 from tests.gateway.conftest import hub_offline
-from tests.kafka.broker import KafkaBroker
+from tests.nats.server import NatsServer
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
-PULL = "pull (Kafka)"
+PULL = "pull (JetStream)"
 RR = "push rr"
 LEAST = "push least R=50ms"
 
@@ -109,15 +109,15 @@ def test_bench_cluster_runs_the_simulation_unless_told_real(
 
 @pytest.mark.slow
 def test_a_tiny_real_run_serves_every_request_both_ways_and_reports_a_ratio(
-    kafka_broker: KafkaBroker, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    nats_server: NatsServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with hub_offline():
         fleet = tiny_fleet_file(tmp_path, build_tiny_embedder(tmp_path))
     argv = [
-        "--kafka", kafka_broker.bootstrap, "--fleet", str(fleet), "--workers", "1",
+        "--nats", nats_server.url, "--fleet", str(fleet), "--workers", "1",
         "--concurrency", "4",
         "--duration-s", "2", "--warmup-s", "0.5", "--policies", "rr,least",
-        "--partitions", "4", "--n-texts", "200", "--out-dir", str(tmp_path),
+        "--n-texts", "200", "--out-dir", str(tmp_path),
     ]  # fmt: skip
     assert cluster_real.main(argv) == 0
     printed = capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +15,12 @@ from bench.cluster.cost_model import FALLBACK
 from bench.cluster.emulation import (
     Device,
     busy_fractions,
+    device_cost,
+    fleet_file,
     forward_seconds,
     hosting_map,
     hosts_of,
+    knee_tokens,
     slowdowns,
 )
 from bench.cluster.router import Router
@@ -38,6 +42,39 @@ def test_a_device_tells_its_worker_the_fit_in_milliseconds() -> None:
     )
     assert env["FLOTILLA_EMULATED_SLOWDOWN"] == "3"
     assert Device(FALLBACK, 3.0).batch_s([20]) == pytest.approx(3 * FALLBACK.batch_s([20]))
+
+
+def test_a_device_batches_up_to_where_its_fixed_cost_is_amortized() -> None:
+    # 90% of the per-token peak: fixed / (fixed + per_token * t) <= 10%.
+    t = knee_tokens(FALLBACK)
+    assert t % 64 == 0
+    assert FALLBACK.per_token_s * t / FALLBACK.batch_s([t]) >= 0.9
+    assert FALLBACK.per_token_s * (t - 64) / FALLBACK.batch_s([t - 64]) < 0.9
+    slow = device_cost("cpu", 10.0)
+    assert slow.max_batch_tokens == device_cost("cpu").max_batch_tokens  # scale cancels out
+    assert slow.fixed_s == pytest.approx(10 * device_cost("cpu").fixed_s)
+
+
+def test_the_emulated_fleet_carries_the_devices_limits_in_its_time(tmp_path: Path) -> None:
+    import yaml
+
+    from embedder.fleet import load_fleet
+
+    cost = device_cost("cpu", 4.0)
+    spec = load_fleet().get("all-minilm-l6-v2")
+    path = fleet_file(spec, ["m0", "m1"], tmp_path / "fleet.yaml", cost)
+    fleet = load_fleet(path)
+    cpu = fleet.get("m1").profile("cpu")
+    assert (cpu.runtime, cpu.max_batch_tokens, cpu.forward_tokens) == (
+        "emulated",
+        cost.max_batch_tokens,
+        cost.forward_tokens,
+    )
+    assert cpu.max_wait_ms == pytest.approx(4 * 1e3 * FALLBACK.max_wait_s)
+    target = spec.profile("cpu").latency_target_ms
+    assert cpu.latency_target_ms == (None if target is None else pytest.approx(4 * target))
+    assert "&" not in path.read_text()  # plain copies, no YAML anchors
+    assert set(yaml.safe_load(path.read_text())["models"]) == {"m0", "m1"}
 
 
 def test_every_model_is_hosted_by_as_many_workers_and_the_router_knows_them() -> None:
@@ -92,8 +129,8 @@ def test_the_summary_takes_the_best_run_within_the_target_and_the_ratios() -> No
         "device": {"scale": 10.0, "label": "cpu"},
         "workloads": {"small": {"single_request_s": 0.1}},
         "runs": [
-            _run("small", "pull (kafka)", 0.5, 1000, 300),
-            _run("small", "pull (kafka)", 1.0, 2000, 900),
+            _run("small", "pull (jetstream)", 0.5, 1000, 300),
+            _run("small", "pull (jetstream)", 1.0, 2000, 900),
             _run("small", "push rr", 0.5, 1000, 500),
             _run("small", "push rr", 1.0, 1900, 5000),  # over the 1 s target
         ],
@@ -101,7 +138,7 @@ def test_the_summary_takes_the_best_run_within_the_target_and_the_ratios() -> No
     s = scale_report.summarize(data)
     w = s["small"]
     assert w["p99_target_ms"] == pytest.approx(1000.0)
-    assert w["modes"]["pull (kafka)"]["tokens_per_s_at_target"] == 2000
+    assert w["modes"]["pull (jetstream)"]["tokens_per_s_at_target"] == 2000
     assert w["modes"]["push rr"]["tokens_per_s_at_target"] == 1000
     assert w["pull_over_push"]["push rr"] == pytest.approx(2.0)
     assert w["pull_over_best_push"] == pytest.approx(2.0)

@@ -217,3 +217,14 @@ async def test_partials_for_a_withdrawn_job_say_nobody_listens() -> None:
     await asyncio.sleep(0)
     assert not await queue.partial("s", Partial(0, b"a"))
     assert queue.cancelled(["s"]) == {"s"}
+
+
+async def test_parts_of_a_job_taken_whole_are_joined_before_its_outcome() -> None:
+    """A requester that put the job plainly (a relay from the shared queue) gets the
+    parts a worker streamed, in front of the outcome's body."""
+    queue = InProcessQueue()
+    future = await queue.put(job("w"))
+    assert await queue.partial("w", Partial(0, b"a"))
+    assert await queue.partial("w", Partial(1, b"b"))
+    await queue.complete("w", result("c"))
+    assert (await asyncio.wait_for(future, WAIT_S)).body == b"abc"

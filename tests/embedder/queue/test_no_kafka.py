@@ -1,7 +1,7 @@
 """The queue of one machine needs no broker client: its gateway and workers import
-``embedder.queue`` and ``embedder.queue.inprocess`` without aiokafka, and so does the pure
-Kafka record format (checked in a fresh interpreter, since this test process may have
-imported aiokafka already)."""
+``embedder.queue`` and ``embedder.queue.inprocess`` without aiokafka or nats, and the
+JetStream work queue needs no aiokafka (checked in a fresh interpreter, since this test
+process may have imported either already)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ KAFKA = ("aiokafka",)
         ("embedder.queue", "embedder.queue.inprocess"),
         # The one-machine gateway and worker, as `flotilla serve` wires them.
         ("gateway.app", "gateway.service", "embedder.host", "embedder.worker"),
-        # The pure record format: its package must not drag the clients in.
-        ("embedder.queue.kafka", "embedder.queue.kafka.wire"),
+        # Requests travel on JetStream: only ingest talks to Kafka.
+        ("embedder.queue.jetstream.submitter", "embedder.queue.jetstream.puller"),
     ],
 )
 def test_these_imports_leave_aiokafka_out(modules: tuple[str, ...]) -> None:
@@ -28,7 +28,7 @@ def test_these_imports_leave_aiokafka_out(modules: tuple[str, ...]) -> None:
 
 def test_the_probe_sees_aiokafka_when_it_is_imported() -> None:
     """Guards the guard: the same probe reports aiokafka once a Kafka client is imported."""
-    loaded = heavy_modules_after("embedder.queue.kafka.submitter", heavy=KAFKA)
+    loaded = heavy_modules_after("ingest.kafka_source", heavy=KAFKA)
     assert "aiokafka" in loaded
 
 

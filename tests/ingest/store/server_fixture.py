@@ -1,4 +1,5 @@
-"""Start ``python -m ingest.store.server`` as a child process and wait until it answers."""
+"""Start ``python -m ingest.store.server`` as a child process and wait until it answers;
+``store_url`` (a fixture, loaded for every test by the root conftest) does both."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -73,6 +75,20 @@ def running_store_server(data_dir: Path, port: int | None = None) -> Iterator[st
     proc = start_store_server(data_dir, port, log_path)
     try:
         wait_ready(url, proc, log_path)
+        yield url
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> Iterator[str]:
+    """A store server of the test's own, its data in the test's temporary folder."""
+    port = free_port()
+    log = tmp_path / "store.log"
+    proc = start_store_server(tmp_path / "store", port, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, proc, log)
         yield url
     finally:
         stop(proc)

@@ -1,20 +1,29 @@
 """The JetStream work queue in one process against the real nats-server: a job's round
-trip, a job over one worker's budget handed to another, expired jobs terminated, a job
-nobody answers dead-lettered with a clear error for its client, liveness for 503s, and
-streams, consumers and bucket created idempotently."""
+trip, errors with their class and status, the budget kept (most urgent first, a job over
+it handed to another worker), expired jobs terminated, duplicate and late replies dropped,
+what a stopping worker leaves unanswered taken by another, a job nobody answers
+dead-lettered with a clear error for its client, liveness for 503s, and streams,
+consumers and bucket created idempotently."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import random
 import time
 from collections.abc import AsyncIterator
 
 import nats
 import pytest
 
-from embedder.errors import InvalidRequest, Undeliverable
+from embedder.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    LimitExceeded,
+    NotReady,
+    Undeliverable,
+)
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
@@ -47,6 +56,8 @@ def config() -> JetStreamConfig:
         dead_prefix=f"dead.{tag}",
         workers_bucket=f"workers_{tag}",
         storage="memory",
+        # Memory streams reserve their max_bytes on the shared server: keep each small.
+        max_bytes=32 * 1024 * 1024,
         ack_wait_s=2.0,
     )
 
@@ -89,6 +100,11 @@ async def pull_until(puller: JetStreamPuller, count: int, max_tokens: int = 1_00
         while len(got) < count:
             got += [j.id for j in await puller.pull(["alpha"], max_tokens, 0.5)]
     return got
+
+
+async def bodies(futures: dict[str, asyncio.Future[JobResult]]) -> dict[str, str]:
+    async with asyncio.timeout(WAIT_S):
+        return {job_id: (await future).body.decode() for job_id, future in futures.items()}
 
 
 async def test_round_trip_result_and_error_then_nothing_is_left(
@@ -157,6 +173,58 @@ async def test_what_is_over_the_budget_is_handed_back_to_another_worker(
         await second.complete(other[0], result("b"))
         async with asyncio.timeout(WAIT_S):
             assert sorted([(await f).body for f in futures]) == [b"a", b"b"]
+
+
+async def test_workers_of_several_models_lose_no_job_to_a_fetch_left_running(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    """A worker's fetches for its models run together and the first to bring something
+    ends the wait. The others must keep what they take: a message dropped there waits
+    out ``ack_wait`` before redelivery (here a minute, far beyond the bound below)."""
+    config = dataclasses.replace(config, ack_wait_s=60.0)
+    models = ["alpha", "beta", "gamma", "delta"]
+    arrivals = random.Random(7)
+    async with queue(nats_server, config, workers=3) as (submitter, pullers):
+
+        async def work(puller: JetStreamPuller, hosted: list[str]) -> None:
+            while True:
+                taken = await puller.pull(hosted, 1_000, 0.25)
+                await asyncio.sleep(0.03)  # the forward
+                for j in taken:
+                    await puller.complete(j.id, result(j.id))
+
+        workers = [
+            asyncio.create_task(work(p, [models[i], models[i + 1]])) for i, p in enumerate(pullers)
+        ]
+        futures = []
+        for i in range(150):  # an open loop at 45/s over the four models
+            futures.append(await submitter.put(job(f"j{i}", model=arrivals.choice(models))))
+            await asyncio.sleep(arrivals.expovariate(45.0))
+        try:
+            async with asyncio.timeout(5.0):
+                answers = [(await f).body for f in futures]
+        finally:
+            for w in workers:
+                w.cancel()
+        assert sorted(answers) == sorted(f"j{i}".encode() for i in range(150))
+
+
+async def test_a_busy_workers_leftover_fetch_hands_its_catch_to_a_worker_that_asks(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    """The first worker's pull returns with an alpha job, its beta fetch left running;
+    while it runs that batch (it never pulls again here), a beta job that fetch catches
+    goes back at once to the second worker, who is asking: not after ``ack_wait``."""
+    config = dataclasses.replace(config, ack_wait_s=60.0)
+    async with queue(nats_server, config, workers=2) as (submitter, [busy, free]):
+        await submitter.put(job("a", model="alpha"))
+        first = await busy.pull(["alpha", "beta"], 1_000, 3.0)
+        assert [j.id for j in first] == ["a"]  # its beta fetch lingers for up to 3 s
+        asking = asyncio.ensure_future(free.pull(["beta"], 1_000, 5.0))
+        await asyncio.sleep(0.2)  # the busy worker's older request is first in line
+        await submitter.put(job("b", model="beta"))
+        async with asyncio.timeout(2.0):
+            assert [j.id for j in await asking] == ["b"]
 
 
 async def test_expired_jobs_are_terminated_not_run(
@@ -251,3 +319,154 @@ def test_model_names_map_to_distinct_subject_tokens() -> None:
     tokens = [subject_token(n) for n in names]
     assert len(set(tokens)) == len(names)
     assert all(t.replace("_", "").replace("-", "").isalnum() for t in tokens)
+
+
+async def test_an_error_comes_back_with_its_class_status_and_headers(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        futures = [await submitter.put(job(f"j{i}")) for i in range(2)]
+        assert sorted(await pull_until(puller, 2)) == ["j0", "j1"]
+        await puller.complete("j0", InvalidRequest("inputs must be strings"))
+        await puller.complete("j1", NotReady("warming up", retry_after_s=9))
+        async with asyncio.timeout(WAIT_S):
+            with pytest.raises(InvalidRequest, match="inputs must be strings") as invalid:
+                await futures[0]
+            with pytest.raises(NotReady) as not_ready:
+                await futures[1]
+        assert invalid.value.http_status == 422
+        assert not_ready.value.http_status == 503
+        assert not_ready.value.headers == {"Retry-After": "9"}
+
+
+async def test_pull_keeps_to_the_budget_and_hands_out_the_most_urgent_first(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        for i, deadline in enumerate([30, 10, 20]):
+            await submitter.put(job(f"j{i}", tokens=100, deadline_in_s=deadline))
+        # Room for two of the three fetched: the two most urgent, the third handed back.
+        first = await puller.pull(["alpha"], 250, WAIT_S)
+        assert [j.id for j in first] == ["j1", "j2"]
+        assert await pull_until(puller, 1, max_tokens=250) == ["j0"]
+        # Over the budget, still one: else a job bigger than every worker's room starves.
+        await submitter.put(job("big", tokens=1_000))
+        assert await pull_until(puller, 1, max_tokens=250) == ["big"]
+
+
+async def test_a_duplicate_or_unknown_reply_is_dropped(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        future = await submitter.put(job("j1"))
+        await pull_until(puller, 1)
+        await puller.complete("j1", result("first"))
+        async with asyncio.timeout(WAIT_S):
+            assert (await future).body == b"first"
+        nc = await nats.connect(nats_server.url)
+        for job_id, text in [("j1", "second"), ("nobody", "stray")]:
+            payload, headers = wire.encode_outcome(job_id, result(text))
+            await nc.publish(submitter.inbox, payload, headers=headers)
+        await nc.flush()
+        await nc.close()
+        await eventually(lambda: submitter.dropped_replies == 2, "both replies dropped", WAIT_S)
+        assert (await future).body == b"first"
+
+
+async def test_a_withdrawn_job_still_runs_but_its_reply_is_dropped(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        future = await submitter.put(job("j1"))
+        future.cancel()  # the client left: the gateway withdraws it locally only
+        await asyncio.sleep(0)  # done callbacks run on the next loop turn
+        assert submitter.depth() == {}
+        assert await pull_until(puller, 1) == ["j1"]
+        await puller.complete("j1", result("late"))
+        await eventually(lambda: submitter.dropped_replies == 1, "the late reply dropped", WAIT_S)
+
+
+async def test_what_a_stopping_worker_left_unanswered_goes_to_the_next_at_once(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config, workers=0) as (submitter, []):
+        futures = {f"j{i}": await submitter.put(job(f"j{i}")) for i in range(6)}
+        async with JetStreamPuller(url=nats_server.url, config=config) as first:
+            assert sorted(await pull_until(first, 6)) == sorted(futures)
+            for job_id in ("j0", "j1", "j3"):
+                await first.complete(job_id, result(f"first {job_id}"))
+            # stopped with j2, j4, j5 in hand: they are handed back, not left to ack_wait
+        started = time.monotonic()
+        async with JetStreamPuller(url=nats_server.url, config=config) as second:
+            again = await pull_until(second, 3)
+            assert time.monotonic() - started < config.ack_wait_s
+            assert sorted(again) == ["j2", "j4", "j5"]
+            for job_id in again:
+                await second.complete(job_id, result(f"second {job_id}"))
+            assert await bodies(futures) == {
+                "j0": "first j0",
+                "j1": "first j1",
+                "j2": "second j2",
+                "j3": "first j3",
+                "j4": "second j4",
+                "j5": "second j5",
+            }
+        assert submitter.dropped_replies == 0
+
+
+async def test_drain_answers_the_jobs_in_hand_and_leaves_the_rest_to_others(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config, workers=2) as (submitter, [first, second]):
+        futures = {f"j{i}": await submitter.put(job(f"j{i}", tokens=100)) for i in range(4)}
+        handed = await first.pull(["alpha"], 250, WAIT_S)
+        assert len(handed) == 2
+        draining = asyncio.create_task(first.drain(timeout_s=WAIT_S))
+        await asyncio.sleep(0.1)
+        assert await first.pull(["alpha"], 1_000, 0.1) == []  # no more fetching
+        assert not draining.done()  # waits for the two in hand
+        for j in handed:
+            await first.complete(j.id, result("drained"))
+        async with asyncio.timeout(WAIT_S):
+            assert await draining == 0
+        for job_id in await pull_until(second, 2):
+            await second.complete(job_id, result("next"))
+        assert sorted((await bodies(futures)).values()) == ["drained", "drained", "next", "next"]
+
+
+async def test_a_large_reply_arrives_and_one_over_max_payload_is_a_clear_error(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        big, huge = await submitter.put(job("big")), await submitter.put(job("huge"))
+        await pull_until(puller, 2)
+        body = bytes(range(256)) * (3 * 4096)  # 3 MiB: over NATS's default 1 MiB payload
+        await puller.complete("big", JobResult(body=body, prompt_tokens=1, timings=Timings(0, 0)))
+        over = b"x" * (puller._nc.max_payload + 1)  # type: ignore[union-attr]
+        await puller.complete("huge", JobResult(body=over, prompt_tokens=1, timings=Timings(0, 0)))
+        async with asyncio.timeout(WAIT_S):
+            assert (await big).body == body
+            with pytest.raises(LimitExceeded, match="max_payload") as refused:
+                await huge
+        assert refused.value.http_status == 413
+
+
+async def test_a_job_past_its_deadline_is_refused_at_put(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config, workers=0) as (submitter, []):
+        with pytest.raises(DeadlineExceeded):
+            await submitter.put(job("late", deadline_in_s=-1.0))
+        assert submitter.depth() == {}
+
+
+async def test_pulling_before_the_puller_started_waits_instead_of_failing(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    """A worker's loop may pull before the queue connection is up: empty pulls, no error."""
+    puller = JetStreamPuller(url=nats_server.url, config=config)
+    started = time.monotonic()
+    assert await puller.pull(["alpha"], 1_000, 0.05) == []
+    assert time.monotonic() - started >= 0.04  # waited its timeout: no busy loop
+    async with puller:
+        assert await puller.pull(["alpha"], 1_000, 0.05) == []

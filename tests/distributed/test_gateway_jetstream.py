@@ -1,11 +1,12 @@
 """`flotilla gateway` and `flotilla worker` wired as their commands wire them, in one process
-over the real broker (fake models): the same answers and statuses as the in-process stack,
-503 while no worker serves a model, and 504, never a hang, when no worker answers."""
+over the real nats-server (fake models): the same answers and statuses as the in-process
+stack, 503 while no worker serves a model, and 504, never a hang, when no worker answers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,22 +17,23 @@ import yaml
 
 from embedder.fleet import load_fleet
 from embedder.jobs import ModelState
-from embedder.queue.kafka.heartbeat import WorkerHeartbeat
+from embedder.queue.jetstream.liveness import WorkerLiveness
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.settings import Settings
+from flotilla.transports import JetStreamTransport
 from tests.distributed.helpers import eventually
 from tests.fakes import FAIL_MARKER, FakeLoader
 from tests.gateway.conftest import running_stack
-from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
+from tests.nats.server import NatsServer
 
-pytestmark = pytest.mark.slow  # starts the broker
+pytestmark = pytest.mark.slow  # starts the server
 
 WAIT_S = 20.0
 
 
 @pytest.fixture
-def settings(kafka_broker: KafkaBroker, tmp_path: Path) -> Settings:
+def settings(nats_server: NatsServer, tmp_path: Path) -> Settings:
     fleet = tmp_path / "fleet.yaml"
     profile = {"cpu": {"max_batch_tokens": 512, "max_batch_requests": 16, "max_wait_ms": 1}}
     models = {
@@ -39,18 +41,19 @@ def settings(kafka_broker: KafkaBroker, tmp_path: Path) -> Settings:
         for name in ("alpha", "beta")
     }
     fleet.write_text(yaml.safe_dump({"models": models}), encoding="utf-8")
+    stream = unique_name("JOBS").replace("-", "_")
     return Settings(
-        kafka=kafka_broker.bootstrap,
+        nats=nats_server.url,
         fleet=fleet,
         device="cpu",
         max_inputs_per_request=4,
-        request_topic=unique_name("requests"),
-        request_partitions=2,
+        nats_stream=stream,
+        nats_subject_prefix=f"jobs.{stream}",
+        nats_storage="memory",
+        nats_max_bytes=32 * 1024 * 1024,  # memory streams reserve it on the shared server
         reply_topic_prefix=unique_name("replies"),
         gateway_id="test",
         worker_port=0,
-        worker_group=unique_name("workers"),
-        status_topic=unique_name("status"),
     )
 
 
@@ -73,7 +76,7 @@ async def worker(settings: Settings) -> AsyncIterator[None]:
     finally:
         stop.set()
         async with asyncio.timeout(WAIT_S):
-            await running  # drains, commits and leaves the group
+            await running  # drains, hands back what is left and says goodbye
 
 
 async def ready(client: httpx.AsyncClient) -> bool:
@@ -99,11 +102,11 @@ REQUESTS: list[tuple[str, object]] = [
 async def test_answers_and_statuses_match_the_in_process_stack(settings: Settings) -> None:
     async with gateway(settings) as client, worker(settings):
         await until_ready(client)
-        over_kafka = [await client.post(path, json=body) for path, body in REQUESTS]
+        over_nats = [await client.post(path, json=body) for path, body in REQUESTS]
         models = (await client.get("/v1/models")).json()["data"]
     async with running_stack(settings, load_fleet(settings.fleet), FakeLoader()) as stack:
         in_process = [await stack.client.post(path, json=body) for path, body in REQUESTS]
-    for (path, _), got, want in zip(REQUESTS, over_kafka, in_process, strict=True):
+    for (path, _), got, want in zip(REQUESTS, over_nats, in_process, strict=True):
         assert (path, got.status_code) == (path, want.status_code), got.text
         assert got.json() == want.json()
         assert got.headers["content-type"] == want.headers["content-type"]
@@ -138,13 +141,13 @@ class _ClaimsReady:
 
 
 async def test_a_request_no_worker_answers_ends_in_504_not_a_hang(settings: Settings) -> None:
-    assert settings.kafka is not None
-    beat = WorkerHeartbeat(
-        bootstrap=settings.kafka,
-        topic=settings.status_topic,
+    assert settings.nats is not None
+    beat = WorkerLiveness(
+        url=settings.nats,
         worker_id="silent",
         models=["alpha", "beta"],
         states=_ClaimsReady(),
+        config=JetStreamTransport.config(settings),
     )
     async with gateway(settings) as client, beat:
         await until_ready(client)
@@ -163,8 +166,31 @@ async def test_a_worker_leaving_is_seen_at_once(settings: Settings) -> None:
         async with worker(settings):
             await until_ready(client)
 
-        # The worker said goodbye on its way out: no waiting for its heartbeat to expire.
+        # The worker deleted its liveness key on its way out: no waiting for it to expire.
         async def not_ready() -> bool:
             return not await ready(client)
 
         await eventually(not_ready, "the gateway to see the worker gone", timeout_s=5)
+
+
+async def test_a_worker_with_two_models_answers_both_without_stalls(settings: Settings) -> None:
+    """Mixed traffic to the two models one worker hosts: each request is answered in a
+    fraction of a second; one stranded behind the other model's fetch would take the
+    ack wait (10 s) to come back."""
+    rng = random.Random(5)
+    latencies: list[float] = []
+    async with gateway(settings) as client, worker(settings):
+        await until_ready(client)
+
+        async def one(i: int) -> None:
+            model = "alpha" if rng.random() < 0.7 else "beta"
+            await asyncio.sleep(rng.random() * 2.0)
+            started = time.monotonic()
+            response = await client.post("/v1/embeddings", json={"model": model, "input": f"t{i}"})
+            latencies.append(time.monotonic() - started)
+            assert response.status_code == 200, response.text
+            assert response.json()["model"] == model
+
+        await asyncio.gather(*(one(i) for i in range(150)))
+    assert len(latencies) == 150
+    assert max(latencies) < 1.0, sorted(latencies)[-5:]

@@ -1,0 +1,117 @@
+"""A worker hosting several models on the real nats-server: one pull waits on every
+model's consumer at once, a request for one model is not held behind a fetch for
+another, and no message a fetch received is dropped on the way (which would strand it
+until ``ack_wait``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+import pytest
+
+from embedder.jobs import JobResult
+from embedder.queue.jetstream.puller import JetStreamPuller
+from embedder.queue.jetstream.streams import JetStreamConfig
+from tests.embedder.queue.jetstream.test_queue import WAIT_S, config, job, queue, result
+from tests.nats.server import NatsServer
+
+pytestmark = pytest.mark.slow  # starts the server
+
+__all__ = ["config"]  # the fixture, shared with the single-model tests
+
+MODELS = ("alpha", "beta")
+FETCH_TIMEOUT_S = 0.25  # what an idle worker's pull waits (embedder.worker.IDLE_POLL_S)
+
+
+async def serve(puller: JetStreamPuller, stop: asyncio.Event) -> None:
+    """A worker's loop, without the model: pull both models, answer at once."""
+    while not stop.is_set():
+        for j in await puller.pull(list(MODELS), 1_000, FETCH_TIMEOUT_S):
+            await puller.complete(j.id, result(j.model))
+
+
+async def test_a_request_for_either_model_is_answered_without_waiting_on_the_other(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        stop = asyncio.Event()
+        serving = asyncio.create_task(serve(puller, stop))
+        try:
+            for model in (*MODELS, "beta", "alpha", "beta", "beta"):
+                started = time.monotonic()
+                future = await submitter.put(job(f"{model}-{started}", model=model))
+                async with asyncio.timeout(WAIT_S):
+                    assert (await future).body == model.encode()
+                # Answered well within one fetch timeout, whichever model is asked and
+                # whichever was asked before: a fetch for the other never stands in front.
+                assert time.monotonic() - started < FETCH_TIMEOUT_S, model
+        finally:
+            stop.set()
+            await serving
+
+
+async def test_mixed_traffic_on_two_models_has_bounded_latency_and_nothing_stranded(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    rng = random.Random(3)
+    async with queue(nats_server, config) as (submitter, [puller]):
+        stop = asyncio.Event()
+        serving = asyncio.create_task(serve(puller, stop))
+        latencies: dict[str, list[float]] = {model: [] for model in MODELS}
+
+        async def one(i: int, model: str) -> None:
+            started = time.monotonic()
+            future: asyncio.Future[JobResult] = await submitter.put(job(f"m{i}", model=model))
+            async with asyncio.timeout(WAIT_S):
+                assert (await future).body == model.encode()
+            latencies[model].append(time.monotonic() - started)
+
+        try:
+            sent: list[asyncio.Task[None]] = []
+            for i in range(300):
+                # Bursts and lulls, mostly one model, now and then the other: the shape
+                # in which a fetch for one model races a fetch for the other.
+                model = MODELS[0] if rng.random() < 0.7 else MODELS[1]
+                sent.append(asyncio.create_task(one(i, model)))
+                await asyncio.sleep(rng.choice([0, 0, 0, 0.002, 0.01, 0.05]))
+            await asyncio.gather(*sent)
+        finally:
+            stop.set()
+            await serving
+        worst = {model: max(values) for model, values in latencies.items()}
+        print(f"\nworst latency per model: {worst}")
+        assert sum(len(values) for values in latencies.values()) == 300
+        # A message lost between a fetch and the worker comes back only after ack_wait
+        # (2 s here); every request is answered well within one fetch timeout of arriving.
+        for model, values in latencies.items():
+            assert max(values) < 2 * FETCH_TIMEOUT_S, (model, sorted(values)[-5:])
+
+
+async def test_a_long_fetch_for_one_model_does_not_hold_the_other_back(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    async with queue(nats_server, config) as (submitter, [puller]):
+        long_s = 3.0
+
+        async def put_later(name: str, model: str) -> asyncio.Future[JobResult]:
+            await asyncio.sleep(0.1)
+            return await submitter.put(job(name, model=model))
+
+        # Both consumers asked with a long timeout; a beta job ends the wait at once.
+        putting = asyncio.create_task(put_later("b1", "beta"))
+        started = time.monotonic()
+        assert [j.id for j in await puller.pull(list(MODELS), 1_000, long_s)] == ["b1"]
+        assert time.monotonic() - started < 0.1 + FETCH_TIMEOUT_S
+        # alpha's request is still open on the server: an alpha job published now is
+        # delivered to it, kept, and handed out by the next pull without a new wait.
+        await submitter.put(job("a1", model="alpha"))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        assert [j.id for j in await puller.pull(list(MODELS), 1_000, long_s)] == ["a1"]
+        assert time.monotonic() - started < FETCH_TIMEOUT_S
+        for name in ("b1", "a1"):
+            await puller.complete(name, result(name))
+        async with asyncio.timeout(WAIT_S):
+            assert (await (await putting)).body == b"b1"
