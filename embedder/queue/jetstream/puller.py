@@ -45,6 +45,9 @@ FIRST_GUESS_TOKENS = 64.0  # tokens per job assumed before any was seen
 # How long a fetch for the rest of a batch may linger on the server: the requests that
 # arrive within it go with the batch, the later ones to whichever worker asks first.
 REST_WAIT_S = 0.002
+# A first request that came within this was already waiting: there may be more, worth
+# the fetch for the rest; one that took longer arrived while the worker waited.
+BACKLOG_S = 0.005
 
 
 @dataclass(slots=True)
@@ -286,15 +289,16 @@ class JetStreamPuller(Lifecycle):
     async def _fetch_one(
         self, sub: JetStreamContext.PullSubscription, batch: int, timeout_s: float
     ) -> list[Msg]:
-        """The first message as soon as there is one, then up to the rest of ``batch``
-        among those already waiting. A pull request outlives its fetch on the server
-        until it is filled or expires: asked for a whole batch at once, a worker would
-        go on collecting requests into its inbox while it runs the first ones, where no
-        free worker can take them."""
+        """The first message as soon as there is one, then, when it was already waiting,
+        up to the rest of ``batch`` among those waiting too. A pull request outlives its
+        fetch on the server until it is filled or expires: asked for a whole batch at
+        once, a worker would go on collecting requests into its inbox while it runs the
+        first ones, where no free worker can take them."""
         try:
+            asked = time.monotonic()
             first = await sub.fetch(1, timeout=max(timeout_s, 0.001))
-            if batch <= 1:
-                return first
+            if batch <= 1 or time.monotonic() - asked > BACKLOG_S:
+                return first  # it had to wait for one: nothing else is waiting
             try:
                 return first + await sub.fetch(batch - 1, timeout=REST_WAIT_S)
             except TimeoutError:
