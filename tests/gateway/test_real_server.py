@@ -108,7 +108,7 @@ def openai_client(real_server: RealServer) -> openai.OpenAI:
 def test_openai_client_matches_sentence_transformers(
     openai_client: openai.OpenAI, real_server: RealServer, corpus_vectors: NDArray[np.float32]
 ) -> None:
-    """The bundled fleet's model as `flotilla serve` loads it (dtype auto)."""
+    """The bundled fleet's model as `flotilla serve` loads it (its profile's dtype)."""
     response = openai_client.embeddings.create(model=MODEL, input=CORPUS)
     assert response.model == MODEL
     assert [d.index for d in response.data] == list(range(len(CORPUS)))
