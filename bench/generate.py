@@ -46,7 +46,7 @@ from bench.generation.load import Target, run_level, summarize
 from bench.generation.model_files import GGUF_FILES, gguf_path
 from bench.generation.prompts import PROMPTS
 from bench.load import HOST, free_port
-from bench.peers import llamacpp
+from bench.peers import llamacpp, server
 
 SIDES = ("one-at-a-time", "static", "llama-cpp", "flotilla")
 
@@ -158,10 +158,12 @@ def transformers_server(args: argparse.Namespace, gguf: Path) -> Iterator[tuple[
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             url = f"http://{HOST}:{port}"
-            llamacpp.wait_ready(process, f"{url}/health", args.ready_timeout_s, log_path)
+            server.wait_ready(
+                process, f"{url}/health", args.ready_timeout_s, log_path, "the baselines' server"
+            )
             yield f"{url}/v1/chat/completions", process.pid
         finally:
-            llamacpp.stop(process)
+            server.stop(process)
 
 
 def measure(

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-
 from bench.peers import Launch, Start, peers_dir
+from bench.peers.server import stop, wait_ready
 
 HOST = "127.0.0.1"
 SCRIPT = Path(__file__).with_name("infinity.sh")
@@ -81,30 +78,12 @@ class Infinity:
                 self.command(start), stdout=log, stderr=subprocess.STDOUT, env=env
             )
             try:
-                _wait_ready(process, f"{url}/health", start.ready_timeout_s, start.log_path)
+                wait_ready(
+                    process, f"{url}/health", start.ready_timeout_s, start.log_path, "infinity"
+                )
                 yield Launch(f"{url}/embeddings", start.model_name, process.pid)
             finally:
-                if process.poll() is None:
-                    process.send_signal(signal.SIGINT)
-                    try:
-                        process.wait(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        process.kill()
-                        process.wait()
-
-
-def _wait_ready(
-    process: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"infinity exited with {process.returncode}; its log: {log_path}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"infinity was not ready within {timeout_s:.0f} s; its log: {log_path}")
+                stop(process)
 
 
 PEER = Infinity()

@@ -19,17 +19,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from bench.peers import Launch, peers_dir
+from bench.peers.server import stop, wait_ready
 
 HOST = "127.0.0.1"
 VERSION = "0.3.36"  # the newest PyPI served when pinned; it built with gcc 12 and cmake
@@ -149,34 +146,12 @@ class LlamaCpp:
                 self.command(start), stdout=log, stderr=subprocess.STDOUT, env=env
             )
             try:
-                wait_ready(process, f"{url}/v1/models", start.ready_timeout_s, start.log_path)
+                wait_ready(
+                    process, f"{url}/v1/models", start.ready_timeout_s, start.log_path, "llama.cpp"
+                )
                 yield Launch(f"{url}/v1/chat/completions", start.model_name, process.pid)
             finally:
                 stop(process)
-
-
-def wait_ready(
-    process: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: Path
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode}; its log: {log_path}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"the server was not ready within {timeout_s:.0f} s; its log: {log_path}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 PEER = LlamaCpp()
