@@ -32,7 +32,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -154,16 +153,11 @@ def transformers_server(args: argparse.Namespace, gguf: Path) -> Iterator[tuple[
         str(args.batch_wait_ms),
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            url = f"http://{HOST}:{port}"
-            server.wait_ready(
-                process, f"{url}/health", args.ready_timeout_s, log_path, "the baselines' server"
-            )
-            yield f"{url}/v1/chat/completions", process.pid
-        finally:
-            server.stop(process)
+    url = f"http://{HOST}:{port}"
+    with server.running(
+        command, env, log_path, f"{url}/health", args.ready_timeout_s, "the baselines' server"
+    ) as process:
+        yield f"{url}/v1/chat/completions", process.pid
 
 
 def measure(

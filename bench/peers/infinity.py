@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 from bench.peers import Launch, Start, peers_dir
-from bench.peers.server import stop, wait_ready
+from bench.peers.server import running
 
 HOST = "127.0.0.1"
 SCRIPT = Path(__file__).with_name("infinity.sh")
@@ -73,17 +72,11 @@ class Infinity:
         }
         env.pop("PYTHONPATH", None)  # its venv, not flotilla's code
         url = f"http://{HOST}:{start.port}"
-        with open(start.log_path, "wb") as log:
-            process = subprocess.Popen(
-                self.command(start), stdout=log, stderr=subprocess.STDOUT, env=env
-            )
-            try:
-                wait_ready(
-                    process, f"{url}/health", start.ready_timeout_s, start.log_path, "infinity"
-                )
-                yield Launch(f"{url}/embeddings", start.model_name, process.pid)
-            finally:
-                stop(process)
+        with running(
+            self.command(start), env, start.log_path, f"{url}/health", start.ready_timeout_s,
+            "infinity",
+        ) as process:  # fmt: skip
+            yield Launch(f"{url}/embeddings", start.model_name, process.pid)
 
 
 PEER = Infinity()

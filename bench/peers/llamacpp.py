@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.peers import Launch, peers_dir
-from bench.peers.server import stop, wait_ready
+from bench.peers.server import running
 
 HOST = "127.0.0.1"
 VERSION = "0.3.36"  # the newest PyPI served when pinned; it built with gcc 12 and cmake
@@ -141,17 +141,11 @@ class LlamaCpp:
         env = {**os.environ, "OMP_NUM_THREADS": str(start.threads)}
         env.pop("PYTHONPATH", None)  # its venv, not flotilla's code
         url = f"http://{HOST}:{start.port}"
-        with open(start.log_path, "wb") as log:
-            process = subprocess.Popen(
-                self.command(start), stdout=log, stderr=subprocess.STDOUT, env=env
-            )
-            try:
-                wait_ready(
-                    process, f"{url}/v1/models", start.ready_timeout_s, start.log_path, "llama.cpp"
-                )
-                yield Launch(f"{url}/v1/chat/completions", start.model_name, process.pid)
-            finally:
-                stop(process)
+        with running(
+            self.command(start), env, start.log_path, f"{url}/v1/models", start.ready_timeout_s,
+            "llama.cpp",
+        ) as process:  # fmt: skip
+            yield Launch(f"{url}/v1/chat/completions", start.model_name, process.pid)
 
 
 PEER = LlamaCpp()

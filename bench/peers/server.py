@@ -1,4 +1,4 @@
-"""A peer's server process: wait until it answers, stop it."""
+"""A benchmark's server process: start it, wait until it answers, stop it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import contextlib
 import signal
 import subprocess
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -35,3 +36,25 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.contextmanager
+def running(
+    command: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path,
+    ready_url: str,
+    timeout_s: float,
+    name: str,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The server of ``command``, its output in ``log_path``, once ``ready_url`` answers;
+    stopped on the way out."""
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            list(command), stdout=log, stderr=subprocess.STDOUT, env=dict(env)
+        )
+        try:
+            wait_ready(process, ready_url, timeout_s, log_path, name)
+            yield process
+        finally:
+            stop(process)
