@@ -5,9 +5,9 @@ prompt plus the new tokens it may make, so a running sequence never runs out of 
 and runs one *iteration* at a time, on the device thread, while holding a device turn:
 
 1. one decode step over every running sequence (one forward for the whole batch);
-2. prefill of waiting prompts, at most ``prefill_chunk_tokens`` of them per iteration,
-   so a long prompt joins over several iterations and the running streams keep getting
-   a token each iteration meanwhile;
+2. prefill of waiting prompts, at most ``prefill_chunk_tokens`` of them per iteration:
+   short prompts together in one padded forward, a long one in chunks over several
+   iterations, so the running streams keep getting a token each iteration meanwhile;
 3. sequences that finished (end of sequence, a stop string, max_tokens, the window)
    leave the batch; prefilled ones join it.
 
@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import torch
 from transformers import DynamicCache
 
 from embedder import metrics
@@ -39,7 +40,7 @@ from embedder.errors import (
 )
 from embedder.fleet import ModelSpec
 from embedder.generation import requests
-from embedder.generation.kv import KVBatch, prefill
+from embedder.generation.kv import KVBatch, prefill, prefill_many, rows_of
 from embedder.generation.replies import Reply
 from embedder.generation.runtime import GenerationRuntime
 from embedder.generation.sampling import Sampler
@@ -283,26 +284,67 @@ class GenerationEngine(Lifecycle):
             for i, s in enumerate(self.rows):
                 self._took(s, s.sampler.pick(logits[i]))
             made += len(self.rows)
-        budget = self.limits.prefill_chunk_tokens
-        for s in self.prefilling:
-            if budget <= 0:
-                break
-            chunk = s.prompt[s.prefilled : s.prefilled + budget]
-            s.cache, last = prefill(model, s.cache, chunk, s.prefilled)
-            s.prefilled += len(chunk)
-            budget -= len(chunk)
-            if s.prefilled == len(s.prompt):
-                s.out += s.reply.opening() if s.streams else b""
-                self._took(s, s.sampler.pick(last))
+        fresh, chunked = self._prefill_plan()
+        if fresh:
+            cache, last = prefill_many(model, [s.prompt for s in fresh])
+            joining = []
+            for i, s in enumerate(fresh):
+                s.prefilled = len(s.prompt)
                 made += 1
-                if s.finish is None:
-                    self.batch.join(s.cache, len(s.prompt))
+                if self._first(s, last[i]):
+                    joining.append(i)
+            if joining:
+                lengths = [len(fresh[i].prompt) for i in joining]
+                if len(joining) < len(fresh):
+                    cache = rows_of(cache, joining, max(lengths))
+                self.batch.join(cache, lengths)
+                self.rows += [fresh[i] for i in joining]
+        for s, take in chunked:
+            chunk = s.prompt[s.prefilled : s.prefilled + take]
+            s.cache, last_one = prefill(model, s.cache, chunk, s.prefilled)
+            s.prefilled += len(chunk)
+            if s.prefilled == len(s.prompt):
+                made += 1
+                if self._first(s, last_one):
+                    self.batch.join(s.cache, [len(s.prompt)])
                     self.rows.append(s)
-                else:
-                    self.done_first.append(s)
                 s.cache = None
         self.prefilling = [s for s in self.prefilling if s.prefilled < len(s.prompt)]
         return made
+
+    def _prefill_plan(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
+        """What this iteration prefills, in arrival order within the chunk budget: short
+        prompts whole, together in one padded forward (their padding counts against the
+        budget), and the next chunk of each long prompt, alone."""
+        budget = chunk = self.limits.prefill_chunk_tokens
+        fresh: list[Sequence] = []
+        chunked: list[tuple[Sequence, int]] = []
+        width = 0
+        for s in self.prefilling:
+            if budget <= 0:
+                break
+            if s.cache is None and len(s.prompt) <= chunk:
+                wider = max(width, len(s.prompt))
+                cost = (len(fresh) + 1) * wider - len(fresh) * width
+                if cost > budget:
+                    break  # no later prompt overtakes this one
+                fresh.append(s)
+                budget -= cost
+                width = wider
+            else:
+                take = min(budget, len(s.prompt) - s.prefilled)
+                chunked.append((s, take))
+                budget -= take
+        return fresh, chunked
+
+    def _first(self, s: Sequence, logits: torch.Tensor) -> bool:
+        """A sequence's first token, after its prompt; whether it goes on to the batch."""
+        s.out += s.reply.opening() if s.streams else b""
+        self._took(s, s.sampler.pick(logits))
+        if s.finish is None:
+            return True
+        self.done_first.append(s)
+        return False
 
     def _took(self, s: Sequence, token: int) -> None:
         s.generated.append(token)
