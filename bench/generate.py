@@ -186,7 +186,8 @@ def measure(
         streams[clients] = level
         print(
             f"  {side} x{clients}: {row['output_tokens_per_s']:.1f} output tokens/s, TTFT p50 "
-            f"{row['ttft_ms']['p50']:.0f} ms p99 {row['ttft_ms']['p99']:.0f} ms, ITL p50 "
+            f"{row['ttft_ms']['p50']:.0f} ms p99 {row['ttft_ms']['p99']:.0f} ms (after the first "
+            f"wave p99 {row['ttft_after_first_wave_ms']['p99']:.0f} ms), ITL p50 "
             f"{row['itl_ms']['p50']:.1f} ms p99 {row['itl_ms']['p99']:.1f} ms, "
             f"{row['ok']}/{row['requests']} ok in {time.perf_counter() - started:.0f} s"
         )
@@ -280,6 +281,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
             "x 1-at-a-time",
             "TTFT p50 ms",
             "TTFT p99 ms",
+            "TTFT p99 after wave 1",
             "ITL p50 ms",
             "ITL p99 ms",
             "mean out tok",
@@ -295,6 +297,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
                 r["x_one_at_a_time"] if r["x_one_at_a_time"] is not None else float("nan"),
                 r["ttft_ms"]["p50"],
                 r["ttft_ms"]["p99"],
+                r["ttft_after_first_wave_ms"]["p99"],
                 r["itl_ms"]["p50"],
                 r["itl_ms"]["p99"],
                 r["mean_output_tokens"],
