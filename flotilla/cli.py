@@ -447,6 +447,7 @@ for _name, _module, _help in (
         "bench.generate",
         "Streamed chat completions at 1-32 clients against model.generate and llama.cpp.",
     ),
+    ("mixed", "bench.mixed", "An embedder and a chat model on one device, each under load."),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 

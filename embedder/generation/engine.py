@@ -2,7 +2,8 @@
 
 It pulls generation jobs while the KV budget has room (each sequence reserves its
 prompt plus the new tokens it may make, so a running sequence never runs out of room)
-and runs one *iteration* at a time, on the device thread, while holding a device turn:
+and runs one *iteration* at a time, on the device thread, in two device turns (so another
+loop's forward on the device waits for one of them, not both):
 
 1. one decode step over every running sequence (one forward for the whole batch);
 2. prefill of waiting prompts, at most ``prefill_chunk_tokens`` of them per iteration:
@@ -165,11 +166,18 @@ class GenerationEngine(Lifecycle):
             if not self.active:
                 continue
             deadline = min(s.job.deadline for s in self.active)
+            owner = f"generate:{self.name}"
             try:
-                async with self.turns.turn(f"generate:{self.name}", deadline):
-                    start = time.perf_counter()
-                    tokens = await self._call(self._iterate)
-                    metrics.INFERENCE_SECONDS.labels(self.name).observe(time.perf_counter() - start)
+                tokens = 0
+                # Two turns, not one: a forward of the other loops (an embedding batch)
+                # waits for a decode step or a prefill, never for both.
+                parts = [(self._decode, self.rows), (self._prefill, self.prefilling)]
+                for part in [part for part, work in parts if work]:
+                    async with self.turns.turn(owner, deadline):
+                        start = time.perf_counter()
+                        tokens += await self._call(part)
+                        elapsed = time.perf_counter() - start
+                        metrics.INFERENCE_SECONDS.labels(self.name).observe(elapsed)
             except Exception as exc:  # a model failure fails its sequences, not the loop
                 log.exception("generation step failed on %s", self.name)
                 error = InferenceFailed(f"model {self.name!r} failed on this step: {exc!r}")
@@ -274,16 +282,19 @@ class GenerationEngine(Lifecycle):
             started=self.clock(),
         )
 
-    def _iterate(self) -> int:
-        """One decode step for the running batch, then prefill within the chunk budget;
-        returns the tokens made."""
+    def _decode(self) -> int:
+        """One decode step for the running batch; returns the tokens made."""
+        if not self.rows:
+            return 0
+        logits = self.batch.step(self.runtime.model, [s.generated[-1] for s in self.rows])
+        for i, s in enumerate(self.rows):
+            self._took(s, s.sampler.pick(logits[i]))
+        return len(self.rows)
+
+    def _prefill(self) -> int:
+        """Prefill within the chunk budget; returns the first tokens made."""
         model = self.runtime.model
         made = 0
-        if self.rows:
-            logits = self.batch.step(model, [s.generated[-1] for s in self.rows])
-            for i, s in enumerate(self.rows):
-                self._took(s, s.sampler.pick(logits[i]))
-            made += len(self.rows)
         fresh, chunked = self._prefill_plan()
         if fresh:
             cache, last = prefill_many(model, [s.prompt for s in fresh])

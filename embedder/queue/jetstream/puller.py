@@ -34,12 +34,14 @@ HANDLED = MetricCounter(
     "flotilla_jetstream_requests",
     "Request messages a worker fetched, by what became of them: 'taken', 'handed_back' "
     "(nak: over the token budget), 'handed_on' (nak: fetched for another model while this "
-    "worker ran a batch), 'expired' and 'malformed' (both terminated).",
+    "worker ran a batch), 'withdrawn' (acked unanswered: the gateway's client left), "
+    "'expired' and 'malformed' (both terminated).",
     ["outcome"],
 )
 TAKEN = HANDLED.labels("taken")
 HANDED_BACK = HANDLED.labels("handed_back")
 HANDED_ON = HANDLED.labels("handed_on")
+WITHDRAWN = HANDLED.labels("withdrawn")
 MAX_FETCH = 64  # messages asked for in one fetch, however small the jobs
 FIRST_GUESS_TOKENS = 64.0  # tokens per job assumed before any was seen
 # How long a fetch for the rest of a batch may linger on the server: the requests that
@@ -104,6 +106,7 @@ class JetStreamPuller(Lifecycle):
             await ensure_streams(js, self.config)
             self._dead = DeadLetters(nc, js, self.config)
             await self._dead.start()
+            await nc.subscribe(self.config.withdrawn_subject, cb=self._on_withdrawn)
         except BaseException:
             await nc.close()
             raise
@@ -208,6 +211,17 @@ class JetStreamPuller(Lifecycle):
         except NatsError as exc:  # the part is lost; the outcome still comes
             log.warning("part %d of %s failed: %r", partial.seq, job_id, exc)
         return True
+
+    async def _on_withdrawn(self, msg: Msg) -> None:
+        """A gateway's client left: the job is done for the queue (acked, so it is never
+        redelivered) and ``cancelled`` names it, so its engine stops it."""
+        held = self._held.pop(msg.data.decode(errors="replace"), None)
+        if held is None:
+            return  # another worker's, or already answered
+        WITHDRAWN.inc()
+        self._released.set()
+        with contextlib.suppress(NatsError):
+            await held.msg.ack()
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         """Jobs this worker no longer answers for: unknown (handed back) or abandoned."""

@@ -51,6 +51,12 @@ class JetStreamConfig:
     def subject(self, model: str) -> str:
         return f"{self.subject_prefix}.{subject_token(model)}"
 
+    @property
+    def withdrawn_subject(self) -> str:
+        """Core NATS, outside every stream: a gateway names a job whose client left, and
+        the worker holding it stops it (``{subject_prefix}.>`` does not match it)."""
+        return f"{self.subject_prefix}-withdrawn"
+
     def dead_subject(self, model: str) -> str:
         return f"{self.dead_prefix}.{subject_token(model)}"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from embedder.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.streams import JetStreamConfig, ensure_streams
 from embedder.queue.protocol import Partial, ReplyStream, resolve
+
+log = logging.getLogger(__name__)
 
 REPLIES = MetricCounter(
     "flotilla_jetstream_replies",
@@ -59,6 +62,7 @@ class JetStreamSubmitter(Lifecycle):
         self.dropped_replies = 0
         self._waiters: dict[str, tuple[asyncio.Future[JobResult], str]] = {}
         self._streams: dict[str, _Reassembly] = {}
+        self._announcing: set[asyncio.Future[None]] = set()
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._sub: Subscription | None = None
@@ -125,6 +129,7 @@ class JetStreamSubmitter(Lifecycle):
         except NatsError as exc:
             self._withdraw(job.id, future)
             raise NotReady(f"the work queue (JetStream) refused the request: {exc!r}") from exc
+        future.add_done_callback(functools.partial(self._announce_withdrawal, job.id))
         return future
 
     async def put_streaming(self, job: EmbedJob) -> ReplyStream:
@@ -144,6 +149,21 @@ class JetStreamSubmitter(Lifecycle):
         parts = self._streams.get(job_id)
         if parts is not None and parts.stream.future is future:
             del self._streams[job_id]
+
+    def _announce_withdrawal(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
+        """A queued job the gateway cancelled (its client left): tell the workers, so the
+        one holding it stops at its next step instead of generating for nobody."""
+        if future.cancelled() and self._nc is not None and not self._nc.is_closed:
+            task = asyncio.ensure_future(self._publish_withdrawal(job_id))
+            self._announcing.add(task)
+            task.add_done_callback(self._announcing.discard)
+
+    async def _publish_withdrawal(self, job_id: str) -> None:
+        try:
+            assert self._nc is not None
+            await self._nc.publish(self.config.withdrawn_subject, job_id.encode())
+        except (NatsError, AssertionError) as exc:  # the job then runs on to its end
+            log.warning("could not announce that %s was withdrawn: %r", job_id, exc)
 
     def depth(self) -> Counter[str]:
         """This gateway's jobs without a reply yet, per model (queued or running)."""

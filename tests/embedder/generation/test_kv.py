@@ -4,6 +4,8 @@ prompts prefilled in one padded forward equal each prefilled alone."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import DynamicCache
 
@@ -43,9 +45,10 @@ def test_a_row_group_joins_at_once_and_keeps_its_padding_prefix() -> None:
     batch = KVBatch()
     batch.join(cache_of(2, 1.0), [2])
     group = cache_of(4, 2.0)  # two rows of width 4: lengths 4 and 3 (one padding column)
-    for layer in group.layers:
-        layer.keys = torch.cat([layer.keys, layer.keys])  # type: ignore[list-item]
-        layer.values = torch.cat([layer.values, layer.values])  # type: ignore[list-item]
+    layers: list[Any] = list(group.layers)
+    for layer in layers:
+        layer.keys = torch.cat([layer.keys, layer.keys])
+        layer.values = torch.cat([layer.values, layer.values])
     batch.join(group, [4, 3])
     assert batch.lengths == [2, 4, 3] and batch.width == 4
     assert batch.mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 1]]
