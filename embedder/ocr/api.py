@@ -74,6 +74,7 @@ class Routing(msgspec.Struct):
     asked for; the document itself is skipped, not decoded."""
 
     model: str | None = None
+    adapter: str | None = None
     document: _DocumentRouting | None = None
     pages: list[int] | None = None
 
@@ -84,7 +85,7 @@ class _Document(msgspec.Struct):
     document_url: str | None = None
 
 
-class _Body(msgspec.Struct):
+class OcrBody(msgspec.Struct):
     model: str | None = None
     document: _Document | None = None
     pages: list[int] | None = None
@@ -137,7 +138,7 @@ def estimate_tokens(routing: Routing, body_bytes: int, max_pages: int) -> int:
 
 def decode(body: bytes) -> OcrRequest:
     try:
-        req = msgspec.json.decode(body, type=_Body)
+        req = msgspec.json.decode(body, type=OcrBody)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid request body: {exc}") from exc
     except msgspec.DecodeError as exc:
