@@ -15,6 +15,7 @@ import msgspec
 from embedder import codecs
 from embedder.generation import requests as generation_requests
 from embedder.jobs import ApiShape
+from embedder.ocr import api as ocr_api
 
 # -- Cohere v2 (/v2/embed, /v2/rerank), as the cohere SDK's ClientV2 sends them ---------
 
@@ -100,4 +101,5 @@ BODIES: dict[ApiShape, type[msgspec.Struct]] = {
     ApiShape.RAW_VECTORS: codecs._TeiEmbed,
     ApiShape.OPENAI_CHAT: generation_requests.ChatBody,
     ApiShape.OPENAI_COMPLETIONS: generation_requests.CompletionBody,
+    ApiShape.MISTRAL_OCR: ocr_api.OcrBody,
 }

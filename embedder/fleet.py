@@ -49,7 +49,8 @@ class Source(BaseModel):
     )
     file: str | None = Field(
         default=None,
-        description="A file inside the folder that holds the weights (a GGUF file). With "
+        description="A file inside the folder that holds the weights (a GGUF file; an OCR "
+        "model's recognizer ONNX). With "
         "'package', the folder is the package's own directory, found without importing it "
         "(weights packages often import their own inference libraries).",
     )
@@ -197,6 +198,63 @@ class Profile(BaseModel):
         "runs its own adapter) instead of waiting for a batch of their own: fuller batches "
         "when traffic spreads over many adapters, at a per-pass cost (bench.adapters).",
     )
+    ocr_detect_max_side: int = Field(
+        default=1280,
+        ge=32,
+        description="OCR: a page is scaled down until its longer side is at most this many "
+        "pixels before detection (lines are still read from the full-resolution page). "
+        "Larger finds smaller print and costs detection time with the square of it.",
+    )
+    ocr_detect_pixels: int = Field(
+        default=2_000_000,
+        gt=0,
+        description="OCR: padded pixels per detection pass; pages of similar shape share a "
+        "pass up to this. Small on a CPU (cache), large on a GPU; one page over it runs alone.",
+    )
+    ocr_recognize_lines: int = Field(
+        default=32,
+        gt=0,
+        description="OCR: text lines per recognition pass, from every page and request the "
+        "worker holds. More lines per pass amortize its cost; past a point a CPU gains "
+        "nothing and a pass holds the device longer.",
+    )
+    ocr_recognize_width_ratio: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="OCR: lines share a recognition pass only while the widest is at most "
+        "this many times the narrowest (each is padded to the widest). Lower wastes less on "
+        "padding, higher makes fewer, fuller passes.",
+    )
+
+
+class OcrParts(BaseModel):
+    """An OCR model's detector and character set beside its recognizer (the source's
+    'file'): a PP-OCR detection/recognition pair of ONNX files. Paths are relative to the
+    source folder (or absolute); thresholds are PaddleOCR's defaults."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    detector: str = Field(description="The text detector (DB), an ONNX file.")
+    characters: str | None = Field(
+        default=None,
+        description="The recognizer's character dictionary, one character a line; None "
+        "reads it from the recognizer's ONNX metadata ('character', as PaddleOCR exports).",
+    )
+    detector_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    detector_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    line_height: int = Field(default=48, gt=0, description="The recognizer's input height.")
+    pixel_threshold: float = Field(
+        default=0.3, gt=0, lt=1, description="Detection map value that counts as text."
+    )
+    box_threshold: float = Field(
+        default=0.5, gt=0, lt=1, description="Mean detection score a line box needs."
+    )
+    unclip_ratio: float = Field(
+        default=1.6, gt=0, description="How far a detected box is grown to cover its line."
+    )
+    min_confidence: float = Field(
+        default=0.5, ge=0, le=1, description="Lines read with less confidence are dropped."
+    )
 
 
 class ModelSpec(BaseModel):
@@ -249,7 +307,23 @@ class ModelSpec(BaseModel):
         description="The prompt of documents: input_type document or passage, ingested "
         "documents, the documents of a rerank.",
     )
+    ocr: OcrParts | None = Field(
+        default=None,
+        description="OCR (task: ocr): the detector and characters beside the recognizer, "
+        "which is the source's 'file'.",
+    )
     profiles: dict[DeviceKind, Profile] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _ocr_parts(self) -> ModelSpec:
+        if self.task is Task.OCR and (self.ocr is None or self.source.file is None):
+            raise ValueError(
+                "an ocr model needs its recognizer as the source's 'file' and an 'ocr' entry "
+                "naming its detector (and characters, unless the recognizer carries them)"
+            )
+        if self.task is not Task.OCR and self.ocr is not None:
+            raise ValueError(f"'ocr' is for task: ocr models, not {self.task}")
+        return self
 
     @model_validator(mode="after")
     def _prompts_exist(self) -> ModelSpec:

@@ -3,8 +3,9 @@
 Models load in a thread after start-up so the HTTP side answers probes (and
 503s) at once; the worker starts pulling when the first model is loaded and
 takes on each further model as it loads. A generation model gets an engine of its own
-(``embedder.generation.engine``) that pulls its jobs from the same queue; the embedding
-worker and the engines take turns on the one device (``embedder.turns``).
+(``embedder.generation.engine``) that pulls its jobs from the same queue, and so does an
+OCR model (``embedder.ocr.engine``); the embedding worker and the engines take turns on
+the one device (``embedder.turns``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from embedder.execute import LoadedModel
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.jobs import ModelState, Task
 from embedder.lifecycle import Lifecycle
+from embedder.ocr.api import OcrLimits
 from embedder.queue import JobPuller
 from embedder.runtimes import Runtime, detect_device, load_runtime
 from embedder.tuned import ProfileChoice, TunedProfiles, profile_for
@@ -32,17 +34,26 @@ from embedder.worker import Worker
 if TYPE_CHECKING:
     from embedder.generation.engine import GenerationEngine
     from embedder.generation.runtime import GenerationRuntime
+    from embedder.ocr.engine import OcrEngine
+    from embedder.ocr.runtime import OcrRuntime
 
 log = logging.getLogger(__name__)
 
 RuntimeLoader = Callable[[ModelSpec, DeviceKind, int], Runtime]
 GeneratorLoader = Callable[[ModelSpec, DeviceKind, int], "GenerationRuntime"]
+OcrLoader = Callable[[ModelSpec, DeviceKind, int], "OcrRuntime"]
 
 
 def load_generator(spec: ModelSpec, device: DeviceKind, threads: int) -> GenerationRuntime:
     from embedder.generation.runtime import load  # torch: only where a generator loads
 
     return load(spec, device, threads)
+
+
+def load_ocr(spec: ModelSpec, device: DeviceKind, threads: int) -> OcrRuntime:
+    from embedder.ocr.runtime import load_ocr  # ONNX Runtime and OpenCV: only where OCR loads
+
+    return load_ocr(spec, device, threads)
 
 
 class ModelHost(Lifecycle):
@@ -59,6 +70,8 @@ class ModelHost(Lifecycle):
         tuned: TunedProfiles | None = None,
         untuned: Literal["defaults", "quick"] = "defaults",
         generator_loader: GeneratorLoader = load_generator,
+        ocr_loader: OcrLoader = load_ocr,
+        ocr_limits: OcrLimits | None = None,
     ) -> None:
         self.fleet = fleet
         self.adapters = adapters or AdapterCatalog(fleet)
@@ -75,6 +88,9 @@ class ModelHost(Lifecycle):
         self.worker: Worker | None = None
         self.generator_loader = generator_loader
         self.generators: dict[str, GenerationEngine] = {}
+        self.ocr_loader = ocr_loader
+        self.ocr_limits = ocr_limits or OcrLimits()
+        self.readers: dict[str, OcrEngine] = {}  # the OCR models' engines
         self.turns = DeviceTurns()  # the device, shared by the worker and the engines
         self._task: asyncio.Task[None] | None = None
 
@@ -83,7 +99,7 @@ class ModelHost(Lifecycle):
     def state(self, model: str) -> ModelState:
         if model in self.failed:
             return "failed"
-        if model in self.generators:
+        if model in self.generators or model in self.readers:
             return "ready"
         return "ready" if self.worker is not None and model in self.loaded else "loading"
 
@@ -91,6 +107,8 @@ class ModelHost(Lifecycle):
         profile = {"profile": self.choices[model].describe()} if model in self.choices else {}
         if model in self.generators:
             return {**asdict(self.generators[model].runtime.info), **profile}
+        if model in self.readers:
+            return {**asdict(self.readers[model].runtime.info), **profile}
         if model in self.loaded:
             return {**asdict(self.loaded[model].runtime.info), **profile}
         if model in self.failed:
@@ -103,7 +121,7 @@ class ModelHost(Lifecycle):
         tuned briefly here. Blocking (a quick tune takes seconds): run in a thread."""
         choice = profile_for(spec, device, fingerprint(device), self.tuned)
         if (
-            spec.task is not Task.GENERATE  # the quick tune times embedders
+            spec.task not in (Task.GENERATE, Task.OCR)  # the quick tune times embedders
             and choice.source == "fleet"
             and self.untuned == "quick"
             and spec.profile(device).dtype == "auto"
@@ -131,6 +149,9 @@ class ModelHost(Lifecycle):
         engines, self.generators = list(self.generators.values()), {}
         for engine in engines:
             await engine.stop()
+        readers, self.readers = list(self.readers.values()), {}
+        for reader in readers:
+            await reader.stop()
 
     async def _load_and_run(self) -> None:
         device: DeviceKind = (
@@ -143,9 +164,11 @@ class ModelHost(Lifecycle):
                 log.info("%s: %s profile: %s", name, choice.source, choice.why)
                 spec = choice.apply(spec, device)
                 threads = choice.profile.threads or self.threads
-                loader: Callable[[ModelSpec, DeviceKind, int], Any] = (
-                    self.generator_loader if spec.task is Task.GENERATE else self.loader
-                )
+                loaders: dict[Task, Callable[[ModelSpec, DeviceKind, int], Any]] = {
+                    Task.GENERATE: self.generator_loader,
+                    Task.OCR: self.ocr_loader,
+                }
+                loader = loaders.get(spec.task, self.loader)
                 runtime = await asyncio.to_thread(loader, spec, device, threads)
             except Exception as exc:  # one bad model must not take the fleet down
                 log.exception("model %s failed to load", name)
@@ -153,6 +176,9 @@ class ModelHost(Lifecycle):
                 continue
             if spec.task is Task.GENERATE:
                 await self._serve_generator(spec, runtime, device)
+                continue
+            if spec.task is Task.OCR:
+                await self._serve_reader(spec, runtime, device)
                 continue
             profile = spec.profile(device)
             limits = BatchLimits(
@@ -187,4 +213,12 @@ class ModelHost(Lifecycle):
         engine = GenerationEngine(self.queue, spec, runtime, self.turns)
         await engine.start()
         self.generators[spec.name] = engine
+        log.info("loaded %s on %s: %s", spec.name, device, runtime.info)
+
+    async def _serve_reader(self, spec: ModelSpec, runtime: OcrRuntime, device: DeviceKind) -> None:
+        from embedder.ocr.engine import OcrEngine
+
+        engine = OcrEngine(self.queue, spec, runtime, self.turns, self.ocr_limits, device)
+        await engine.start()
+        self.readers[spec.name] = engine
         log.info("loaded %s on %s: %s", spec.name, device, runtime.info)

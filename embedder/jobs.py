@@ -19,6 +19,7 @@ class Task(enum.StrEnum):
     EMBED = "embed"
     RERANK = "rerank"
     GENERATE = "generate"
+    OCR = "ocr"
 
 
 class ApiShape(enum.StrEnum):
@@ -35,6 +36,7 @@ class ApiShape(enum.StrEnum):
     RAW_VECTORS = "raw_vectors"  # internal (ingest, search): TEI body in, float32 bytes out
     OPENAI_CHAT = "openai_chat"  # /v1/chat/completions
     OPENAI_COMPLETIONS = "openai_completions"  # /v1/completions
+    MISTRAL_OCR = "mistral_ocr"  # /v1/ocr: the contract is in embedder.ocr.api
 
 
 TASK_OF_SHAPE: dict[ApiShape, Task] = {
@@ -49,6 +51,7 @@ TASK_OF_SHAPE: dict[ApiShape, Task] = {
     ApiShape.RAW_VECTORS: Task.EMBED,
     ApiShape.OPENAI_CHAT: Task.GENERATE,
     ApiShape.OPENAI_COMPLETIONS: Task.GENERATE,
+    ApiShape.MISTRAL_OCR: Task.OCR,
 }
 
 

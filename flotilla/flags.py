@@ -65,7 +65,18 @@ TUNE = MODELS | {"tuned_file", "calibration_dir", "log_level"}
 # wiring.adapter_catalog(): Settings.adapters_root, where adapters are found or registered.
 ADAPTERS = frozenset({"adapters_dir", "data_dir"})
 # wiring.request_limits(): requests are decoded, and cut or refused, where the models run.
-DECODING = frozenset({"max_inputs_per_request", "auto_truncate"})
+# wiring.ocr_limits() too: OCR documents are read, and refused, where the models run.
+DECODING = frozenset(
+    {
+        "max_inputs_per_request",
+        "auto_truncate",
+        "ocr_max_document_bytes",
+        "ocr_max_pages",
+        "ocr_max_pixels",
+        "ocr_pdf_dpi",
+        "ocr_local_roots",
+    }
+)
 # wiring.gateway_config() and run_http(): authorization, body and deadline limits, admission,
 # the token estimate, and model:adapter names resolved against the fleet and the adapters.
 HTTP_API = ADAPTERS | {
@@ -80,6 +91,8 @@ HTTP_API = ADAPTERS | {
     "body_timeout_s",
     "max_inflight_tokens",
     "bytes_per_token",
+    "ocr_max_pages",
+    "ocr_max_document_bytes",
 }
 # wiring.configured_store(): the embedded store under data_dir, or a Qdrant server.
 STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})

@@ -122,6 +122,41 @@ class Settings(BaseSettings):
         description="Least severe log messages written: debug, info, warning or error.",
     )
 
+    # -- OCR (/v1/ocr) ------------------------------------------------------
+    ocr_max_document_bytes: int = Field(
+        default=20_000_000,
+        gt=0,
+        description="Largest document (image or PDF) one OCR request may carry, decoded, "
+        "or a local file may have (413 above). Also bounded by --max-body-bytes for "
+        "documents sent in the body (base64 takes 4/3 of the bytes).",
+    )
+    ocr_max_pages: int = Field(
+        default=64,
+        gt=0,
+        description="Most pages one OCR request may read (413 above): one request holds "
+        "the OCR worker for all its pages, so lower keeps other requests' latency down.",
+    )
+    ocr_max_pixels: int = Field(
+        default=40_000_000,
+        gt=0,
+        description="Most pixels of one page image, read from its header before it is "
+        "decoded (413 above); a PDF page is rendered at a lower resolution to fit. Each "
+        "million pixels costs 3 MB of memory while the page is read.",
+    )
+    ocr_pdf_dpi: float = Field(
+        default=200.0,
+        gt=0,
+        le=1200,
+        description="Resolution PDF pages without a text layer are rendered at for OCR: "
+        "higher reads smaller print, and costs memory and time with its square.",
+    )
+    ocr_local_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="Folders an OCR request's file URL or path may point into, "
+        "comma-separated, checked after symlinks resolve; empty: documents only in the "
+        "request body. Read by the worker, on its machine.",
+    )
+
     # -- ingestion and the vector store ------------------------------------
     kafka: str | None = Field(
         default=None,
@@ -313,6 +348,13 @@ class Settings(BaseSettings):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
 
+    @field_validator("ocr_local_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        if isinstance(value, str | Path):  # the variable, or the flag (parsed as a path)
+            return [Path(root.strip()) for root in str(value).split(",") if root.strip()]
+        return value
+
 
 class LoraSettings(Settings, TrainConfig, Prices):
     """The settings of `flotilla lora train`: the fleet and device ones, the LoRA and
@@ -342,6 +384,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_inputs_per_request",
         "max_inflight_tokens",
         "bytes_per_token",
+    ),
+    "OCR": (
+        "ocr_max_document_bytes",
+        "ocr_max_pages",
+        "ocr_max_pixels",
+        "ocr_pdf_dpi",
+        "ocr_local_roots",
     ),
     "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
     "Ingest": (

@@ -228,9 +228,9 @@ def tune(
     console = Console(stderr=True)
     fleet = configured_fleet(settings)
     # Unnamed, every model the tuner can time (generation models measure their dtype at
-    # load instead); named, a generation model is refused with the reason.
+    # load instead, OCR models run float32); named, such a model is refused with the reason.
     specs = [fleet.get(name) for name in models] or [
-        spec for spec in fleet.models.values() if spec.task is not Task.GENERATE
+        spec for spec in fleet.models.values() if spec.task in (Task.EMBED, Task.RERANK)
     ]
     device: DeviceKind = detect_device() if settings.device == "auto" else settings.device
     fp = fingerprint(device)

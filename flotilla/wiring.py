@@ -25,6 +25,7 @@ from embedder.errors import ModelNotFound
 from embedder.fleet import Fleet, load_fleet
 from embedder.host import ModelHost, RuntimeLoader
 from embedder.jobs import split_model
+from embedder.ocr.api import OcrLimits
 from embedder.queue import JobPuller
 from embedder.queue.inprocess import InProcessQueue
 from embedder.runtimes import load_runtime
@@ -58,6 +59,16 @@ def request_limits(settings: Settings) -> RequestLimits:
     )
 
 
+def ocr_limits(settings: Settings) -> OcrLimits:
+    return OcrLimits(
+        max_document_bytes=settings.ocr_max_document_bytes,
+        max_pages=settings.ocr_max_pages,
+        max_pixels=settings.ocr_max_pixels,
+        pdf_dpi=settings.ocr_pdf_dpi,
+        local_roots=tuple(settings.ocr_local_roots),
+    )
+
+
 def gateway_config(settings: Settings) -> GatewayConfig:
     return GatewayConfig(
         version=__version__,
@@ -68,6 +79,8 @@ def gateway_config(settings: Settings) -> GatewayConfig:
         bytes_per_token=settings.bytes_per_token,
         body_timeout_s=settings.body_timeout_s,
         max_documents_per_request=settings.ingest_max_records,
+        ocr_max_pages=settings.ocr_max_pages,
+        ocr_max_document_bytes=settings.ocr_max_document_bytes,
     )
 
 
@@ -150,6 +163,7 @@ def model_host(
         adapters=adapters,
         tuned=load_tuned(settings.tuned_file),
         untuned=settings.untuned,
+        ocr_limits=ocr_limits(settings),
     )
 
 

@@ -48,10 +48,10 @@ def default_model(fleet: Fleet, task: Task) -> ModelSpec:
 
 def resolve_model(fleet: Fleet, name: str | None, task: Task) -> ModelSpec:
     spec = default_model(fleet, task) if name is None else fleet.get(name)
-    if task is Task.RERANK and spec.task is Task.GENERATE:
+    if task is Task.RERANK and spec.task not in (Task.EMBED, Task.RERANK):
         raise TaskNotSupported(
-            f"model {spec.name!r} is a generate model and cannot rerank; reranking models: "
-            + ", ".join(n for n, s in fleet.models.items() if s.task is not Task.GENERATE)
+            f"model {spec.name!r} is a {spec.task} model and cannot rerank; reranking models: "
+            + ", ".join(n for n, s in fleet.models.items() if s.task in (Task.EMBED, Task.RERANK))
         )
     if task is Task.EMBED and spec.task is not Task.EMBED:
         raise TaskNotSupported(

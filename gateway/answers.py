@@ -7,7 +7,7 @@ and the schema fuzzer (tests/gateway/test_fuzz.py) checks every answer against t
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -156,6 +156,44 @@ class CompletionResponse(BaseModel):
 
 
 # -- collections -------------------------------------------------------------------------
+
+
+class OcrLine(BaseModel):
+    text: str
+    confidence: float = Field(
+        description="Mean probability of the line's characters; 1 for text layers."
+    )
+    bbox: list[float] = Field(description="[x0, y0, x1, y1] in the page image's pixels.")
+    polygon: list[list[float]] = Field(description="Four corners, clockwise from top-left.")
+
+
+class OcrDimensions(BaseModel):
+    dpi: int | None = Field(description="A PDF page's rendering resolution; null for images.")
+    height: int
+    width: int
+
+
+class OcrPage(BaseModel):
+    index: int
+    markdown: str = Field(description="The page's text in reading order.")
+    images: list[Any] = Field(description="Always empty: no images are extracted.")
+    dimensions: OcrDimensions
+    source: Literal["ocr", "text_layer"] = Field(
+        description="'text_layer': a PDF page read from its own text, without OCR."
+    )
+    lines: list[OcrLine]
+
+
+class OcrUsage(BaseModel):
+    pages_processed: int
+    doc_size_bytes: int
+
+
+class OcrResponse(BaseModel):
+    pages: list[OcrPage]
+    model: str
+    document_annotation: None = None
+    usage_info: OcrUsage
 
 
 class SearchHit(BaseModel):

@@ -20,6 +20,7 @@ from gateway.answers import IngestReadiness, Readiness
 from gateway.config import GatewayConfig
 from gateway.documents import add_document_routes
 from gateway.generate import GenerateRoute
+from gateway.ocr import OcrRoute
 from gateway.openapi import ApiDocs
 from gateway.schemas import DOCUMENTED, SEARCH
 from gateway.search import CollectionSearch
@@ -41,6 +42,12 @@ ROUTES: dict[str, ApiShape] = {
     "/v2/rerank": ApiShape.COHERE_RERANK_V2,
     "/v1/chat/completions": ApiShape.OPENAI_CHAT,
     "/v1/completions": ApiShape.OPENAI_COMPLETIONS,
+    "/v1/ocr": ApiShape.MISTRAL_OCR,
+}
+# The routes whose task annotates its own way; every other shape is a ShapeRoute.
+ROUTE_OF_TASK: dict[Task, Callable[[ApiShape], ShapeRoute | GenerateRoute | OcrRoute]] = {
+    Task.GENERATE: GenerateRoute,
+    Task.OCR: OcrRoute,
 }
 
 
@@ -63,9 +70,7 @@ def create_app(
     docs = ApiDocs()
 
     def handler(shape: ApiShape) -> Callable[[Request], Awaitable[Response]]:
-        route: ShapeRoute | GenerateRoute = (
-            GenerateRoute(shape) if TASK_OF_SHAPE[shape] is Task.GENERATE else ShapeRoute(shape)
-        )
+        route = ROUTE_OF_TASK.get(TASK_OF_SHAPE[shape], ShapeRoute)(shape)
 
         async def handle(request: Request) -> Response:
             return await gateway.handle(request, route)

@@ -21,3 +21,5 @@ class GatewayConfig:
     bytes_per_token: float  # for estimating a body's tokens without parsing it
     body_timeout_s: float = 10.0  # longest wait for the next piece of a request body (408)
     max_documents_per_request: int = 512  # the documents routes' batches
+    ocr_max_pages: int = 64  # /v1/ocr: pages one request may ask for (413)
+    ocr_max_document_bytes: int = 20_000_000  # /v1/ocr: a document's decoded size (413)

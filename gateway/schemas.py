@@ -216,6 +216,37 @@ class CompletionRequest(_Generation):
     )
 
 
+# -- OCR (Mistral's shape) ---------------------------------------------------------------
+
+
+class ImageUrlChunk(BaseModel):
+    type: Literal["image_url"]
+    image_url: str | dict[str, str] = Field(
+        description="data:image/png;base64,... (or {'url': ...}); PNG, JPEG, WebP, TIFF, "
+        "BMP, GIF. A path or file URL under --ocr-local-roots; http(s) is refused (422)."
+    )
+
+
+class DocumentUrlChunk(BaseModel):
+    type: Literal["document_url"]
+    document_url: str = Field(
+        description="data:application/pdf;base64,... (a PDF or an image), or a path or "
+        "file URL under --ocr-local-roots; http(s) is refused (422): nothing is fetched."
+    )
+
+
+class OcrRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # unknown fields are ignored, as Mistral does
+
+    model: str | None = Field(default=None, description="An OCR model of the fleet.")
+    adapter: None = Field(default=None, description="Refused (422): OCR serves no adapters.")
+    document: Annotated[ImageUrlChunk | DocumentUrlChunk, Field(discriminator="type")]
+    pages: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        description="0-based pages to read, at most --ocr-max-pages; unset, every page.",
+    )
+
+
 # -- collections -------------------------------------------------------------------------
 
 
@@ -274,6 +305,7 @@ DOCUMENTED: dict[ApiShape, Bodies] = {
     ApiShape.COHERE_RERANK_V2: Bodies(CohereRerankV2Request, answers.CohereRerankV2Response),
     ApiShape.OPENAI_CHAT: Bodies(ChatCompletionRequest, answers.ChatCompletionResponse),
     ApiShape.OPENAI_COMPLETIONS: Bodies(CompletionRequest, answers.CompletionResponse),
+    ApiShape.MISTRAL_OCR: Bodies(OcrRequest, answers.OcrResponse),
 }
 SEARCH = Bodies(SearchRequest, answers.SearchResponse)
 UPSERT = Bodies(DocumentsUpsert, answers.DocumentsUpserted)

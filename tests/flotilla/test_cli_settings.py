@@ -46,6 +46,8 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned"),
             *("max_inputs_per_request", "auto_truncate"),
+            *("ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels", "ocr_pdf_dpi"),
+            *("ocr_local_roots",),
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
@@ -65,6 +67,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("reply_topic_prefix", "gateway_id"),
+            *("ocr_max_document_bytes", "ocr_max_pages"),
             *NATS,
         }
     ),
@@ -77,6 +80,8 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned"),
             *("max_inputs_per_request", "auto_truncate"),
+            *("ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels", "ocr_pdf_dpi"),
+            *("ocr_local_roots",),
             *("kafka",),
             *NATS,
             *("store", "qdrant_url", "qdrant_api_key"),
@@ -249,8 +254,8 @@ def values(name: str, cls: type[Settings], tmp: Path) -> tuple[list[str], str, A
         return [flag(name), "7"], "5", 7
     if annotation is float:
         return [flag(name), "0.5"], "0.25", 0.5
-    if typing.get_origin(annotation) is list:
-        return [flag(name), "a,b"], "c", ["a", "b"]
+    if typing.get_origin(annotation) is list:  # of str, or of Path
+        return [flag(name), "a,b"], "c", [args[0]("a"), args[0]("b")]
     if Path in (annotation, *args):
         return [flag(name), str(tmp / "flag" / name)], str(tmp / "env" / name), tmp / "flag" / name
     return [flag(name), f"flag-{name}"], f"env-{name}", f"flag-{name}"

@@ -21,7 +21,7 @@ from embedder.host import ModelHost, RuntimeLoader
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.http_server import server_config
 from flotilla.settings import Settings
-from flotilla.wiring import gateway_config, record_rules, request_limits
+from flotilla.wiring import gateway_config, ocr_limits, record_rules, request_limits
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import IngestCore
@@ -61,7 +61,12 @@ def live_server(
     fleet = fleet or fake_fleet_with_reranker("alpha", "beta")
     queue = InProcessQueue()
     host = ModelHost(
-        fleet, queue, request_limits(settings), device="cpu", loader=loader or Loader()
+        fleet,
+        queue,
+        request_limits(settings),
+        device="cpu",
+        loader=loader or Loader(),
+        ocr_limits=ocr_limits(settings),
     )
 
     @contextlib.asynccontextmanager
