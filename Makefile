@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install kafka-jars run test lint typecheck unit bench clean
+.PHONY: install kafka-jars ocr-fonts run test lint typecheck unit bench clean
 
 install: $(STAMP)
 
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml
 kafka-jars: install
 	$(BIN)/python -m tests.kafka.jars
 
+# The fonts the OCR page set is drawn with (bench/ocr_data/fonts.py): pinned Debian font
+# packages, fetched once with apt-get download into ~/.cache/flotilla/fonts; later runs reuse them.
+ocr-fonts: install
+	$(BIN)/python -m bench.ocr_data.fonts
+
 run: install
 	$(BIN)/flotilla serve
 
@@ -34,7 +39,7 @@ typecheck: install
 unit: install
 	$(BIN)/pytest
 
-test: kafka-jars lint typecheck unit
+test: kafka-jars ocr-fonts lint typecheck unit
 
 bench: kafka-jars
 	$(BIN)/flotilla bench engine
