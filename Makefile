@@ -41,7 +41,7 @@ unit: install
 
 test: kafka-jars ocr-fonts lint typecheck unit
 
-bench: kafka-jars
+bench: kafka-jars ocr-fonts
 	$(BIN)/flotilla bench engine
 	$(BIN)/flotilla bench served
 	$(BIN)/flotilla bench ingest
@@ -54,6 +54,7 @@ bench: kafka-jars
 	$(BIN)/flotilla bench soak
 	$(BIN)/flotilla bench queue-latency
 	$(BIN)/flotilla bench generate
+	$(BIN)/flotilla bench ocr
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
