@@ -62,8 +62,12 @@ def summarize(
         },
         "unanswered_pages": [samples[i].id for i in range(len(samples)) if i not in predictions],
         "cer": score.summary(scored),
-        "pages": {
-            s.sample.id: {"cer": round(s.page.cer, 5), "line_cer": round(s.lines.cer, 5)}
-            for s in scored
+        "pages": {  # each page's own figures and what the side read, to see where it erred
+            s.sample.id: {
+                "cer": round(s.page.cer, 5),
+                "line_cer": round(s.lines.cer, 5),
+                "text": predictions[i].text,
+            }
+            for i, s in zip(sorted(predictions), scored, strict=True)
         },
     }

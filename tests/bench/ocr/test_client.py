@@ -134,6 +134,7 @@ def test_a_level_sends_every_page_and_scores_the_answers(served: str, pages: lis
     assert row["unanswered_pages"] == [pages[4].id]
     assert row["cer"]["all"]["cer"] == 0.0 and row["cer"]["all"]["line_cer"] == 0.0
     assert row["cer"]["all"]["pages"] == 4 and row["pages_per_s"] > 0
+    assert row["pages"][pages[1].id] == {"cer": 0.0, "line_cer": 0.0, "text": pages[1].text}
 
 
 def test_the_side_is_skipped_without_an_ocr_entry(tmp_path: Path) -> None:
