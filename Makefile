@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install kafka-jars run test lint typecheck unit bench clean
+.PHONY: install kafka-jars ocr-fonts run test lint typecheck unit bench clean
 
 install: $(STAMP)
 
@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml
 kafka-jars: install
 	$(BIN)/python -m tests.kafka.jars
 
+# The fonts the OCR page set is drawn with (bench/ocr_data/fonts.py): pinned Debian font
+# packages, fetched once with apt-get download into ~/.cache/flotilla/fonts; later runs reuse them.
+ocr-fonts: install
+	$(BIN)/python -m bench.ocr_data.fonts
+
 run: install
 	$(BIN)/flotilla serve
 
@@ -34,9 +39,9 @@ typecheck: install
 unit: install
 	$(BIN)/pytest
 
-test: kafka-jars lint typecheck unit
+test: kafka-jars ocr-fonts lint typecheck unit
 
-bench: kafka-jars
+bench: kafka-jars ocr-fonts
 	$(BIN)/flotilla bench engine
 	$(BIN)/flotilla bench served
 	$(BIN)/flotilla bench ingest
@@ -49,6 +54,7 @@ bench: kafka-jars
 	$(BIN)/flotilla bench soak
 	$(BIN)/flotilla bench queue-latency
 	$(BIN)/flotilla bench generate
+	$(BIN)/flotilla bench ocr
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -448,6 +448,11 @@ for _name, _module, _help in (
         "Streamed chat completions at 1-32 clients against model.generate and llama.cpp.",
     ),
     ("mixed", "bench.mixed", "An embedder and a chat model on one device, each under load."),
+    (
+        "ocr",
+        "bench.ocr",
+        "OCR pages/s and character error rate: served, batched, against rapidocr one at a time.",
+    ),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 
