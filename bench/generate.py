@@ -206,7 +206,7 @@ def same_text_share(streams: Sequence[Stream], reference: Sequence[Stream]) -> f
 def flotilla_config(args: argparse.Namespace) -> flotilla_side.FlotillaSide:
     model = args.flotilla_model or args.model
     return flotilla_side.FlotillaSide(
-        model, args.flotilla_fleet, args.threads, args.ready_timeout_s
+        model, args.flotilla_fleet, args.threads, args.ready_timeout_s, args.timeout_s
     )
 
 

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,9 +156,16 @@ def server(
     ready_timeout_s: float,
     fleet: Path | None = None,
     device: str = "auto",
+    settings: Mapping[str, str] | None = None,
 ) -> Iterator[int]:
-    """``flotilla serve`` in a subprocess; yields its pid once /ready answers 200."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
+    """``flotilla serve`` in a subprocess, with ``settings`` (``FLOTILLA_*`` variables)
+    beside the benchmarks' own; yields its pid once /ready answers 200."""
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "FLOTILLA_AUTO_TRUNCATE": "true",
+        **(settings or {}),
+    }
     command = [
         sys.executable,
         "-m",

@@ -183,7 +183,11 @@ async def _next(
         return step.result()
     if gone in done:
         raise ClientGone("the client closed the connection; the job was withdrawn")
-    raise DeadlineExceeded(
+    raise _past_deadline(job)
+
+
+def _past_deadline(job: EmbedJob) -> DeadlineExceeded:
+    return DeadlineExceeded(
         f"no answer within {job.deadline - job.enqueued_at:.1f} s: send a longer "
         "x-request-timeout-ms, or raise --request-timeout-s (FLOTILLA_REQUEST_TIMEOUT_S)"
     )
@@ -210,7 +214,7 @@ async def _events(
                 async with asyncio.timeout(max(0.0, job.deadline - gateway.clock())):
                     event = await replies.next()
             except (FlotillaError, TimeoutError) as exc:
-                error = exc if isinstance(exc, FlotillaError) else DeadlineExceeded("deadline")
+                error = exc if isinstance(exc, FlotillaError) else _past_deadline(job)
                 body = {"error": {"message": error.message, "type": error.code}}
                 yield b"data: " + orjson.dumps(body) + b"\n\n"
                 return

@@ -29,6 +29,7 @@ class FlotillaSide:
     fleet: Path | None  # None: the bundled fleet
     threads: int
     ready_timeout_s: float
+    timeout_s: float  # a request's, as the client waits for it
 
 
 def fleet_file(side: FlotillaSide, path: Path) -> str | None:
@@ -62,7 +63,12 @@ def serve(side: FlotillaSide, log_path: Path) -> Iterator[tuple[Target, int]]:
         raise SkipSide(why)
     assert side.model is not None
     port = free_port()
-    with server(port, side.threads, log_path, side.ready_timeout_s, fleet_path, "cpu") as pid:
+    # A request's deadline as long as the client waits: the default (30 s) would drop
+    # answers that the baselines, which have no deadline, give at 32 clients.
+    deadline = {"FLOTILLA_REQUEST_TIMEOUT_S": str(side.timeout_s)}
+    with server(
+        port, side.threads, log_path, side.ready_timeout_s, fleet_path, "cpu", deadline
+    ) as pid:
         yield Target("flotilla", f"http://{HOST}:{port}/v1/chat/completions", side.model), pid
 
 

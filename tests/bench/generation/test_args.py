@@ -68,7 +68,7 @@ def test_same_text_compares_the_same_request_index() -> None:
 
 
 def _side(model: str | None, fleet: Path | None = None) -> flotilla_side.FlotillaSide:
-    return flotilla_side.FlotillaSide(model, fleet, threads=2, ready_timeout_s=1)
+    return flotilla_side.FlotillaSide(model, fleet, threads=2, ready_timeout_s=1, timeout_s=60)
 
 
 def test_the_flotilla_side_is_skipped_with_the_reason(tmp_path: Path) -> None:
