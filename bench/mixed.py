@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -47,6 +48,8 @@ class EmbedLoad:
     """Open-loop embedding requests and what they saw."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    queue_ms: list[float] = field(default_factory=list)  # the server's x-queue-time
+    inference_ms: list[float] = field(default_factory=list)  # and x-inference-time
     errors: dict[str, int] = field(default_factory=dict)
     sent: int = 0
 
@@ -59,6 +62,14 @@ class EmbedLoad:
                 "p50": report.percentile(self.latencies_ms, 50),
                 "p99": report.percentile(self.latencies_ms, 99),
                 "max": max(self.latencies_ms, default=float("nan")),
+            },
+            "server_queue_ms": {
+                "p50": report.percentile(self.queue_ms, 50),
+                "p99": report.percentile(self.queue_ms, 99),
+            },
+            "server_inference_ms": {
+                "p50": report.percentile(self.inference_ms, 50),
+                "p99": report.percentile(self.inference_ms, 99),
             },
         }
 
@@ -82,6 +93,7 @@ async def embed_open_loop(
             ) as response:
                 await response.read()
                 status = response.status
+                headers = response.headers
         except (aiohttp.ClientError, TimeoutError) as exc:
             load.errors[type(exc).__name__] = load.errors.get(type(exc).__name__, 0) + 1
             return
@@ -89,6 +101,9 @@ async def embed_open_loop(
             load.errors[str(status)] = load.errors.get(str(status), 0) + 1
             return
         load.latencies_ms.append(1e3 * (time.perf_counter() - planned))
+        with contextlib.suppress(KeyError, ValueError):
+            load.queue_ms.append(float(headers["x-queue-time"]))
+            load.inference_ms.append(float(headers["x-inference-time"]))
 
     tasks = []
     for i in itertools.count():
@@ -251,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "rows": rows,
         "p99_under_other_load_over_alone": ratios(rows),
     }
-    path = report.write_json(args.out, result)
+    path = report.write_json(f"{args.out}.json", result)
     print(table(rows))
     print(
         "p99 under the other load / alone:", json.dumps(result["p99_under_other_load_over_alone"])
@@ -266,7 +281,9 @@ def line(row: dict[str, Any]) -> str:
         e = row["embed"]
         parts.append(
             f"embed {e['ok']}/{e['requests']} ok, p50 {e['latency_ms']['p50']:.0f} ms "
-            f"p99 {e['latency_ms']['p99']:.0f} ms"
+            f"p99 {e['latency_ms']['p99']:.0f} ms (server queue p50 "
+            f"{e['server_queue_ms']['p50']:.0f} ms, inference p50 "
+            f"{e['server_inference_ms']['p50']:.0f} ms)"
         )
     if "chat" in row:
         c = row["chat"]

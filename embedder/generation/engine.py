@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,11 @@ IDLE_POLL_S = 0.25  # how long an idle engine waits for a job before rechecking
 # While sequences run, a pull must not hold up the next step; not 0: a distributed
 # substrate's fetch needs a positive timeout. A step takes tens of milliseconds or more.
 BUSY_POLL_S = 0.001
+# The device thread needs the GIL between the hundreds of ops of a forward; while the event
+# loop streams tokens it holds the GIL, and CPython hands it over only every switch
+# interval (5 ms by default). Measured on the 2-core EPYC, 32 streamed clients in-process:
+# 50 tok/s at 5 ms, 58 at 0.2 ms, 68 at 50 us (= the same clients not streamed).
+SWITCH_INTERVAL_S = 50e-6
 _T = TypeVar("_T")
 
 
@@ -137,6 +143,7 @@ class GenerationEngine(Lifecycle):
 
     async def start(self) -> None:
         if self._task is None:
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
             self._task = watch(asyncio.create_task(self._loop(), name=f"generate-{self.name}"))
 
     async def stop(self) -> None:
