@@ -8,6 +8,8 @@ the worker decodes and tokenizes for real.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 
 from embedder.adapters import AdapterCatalog
@@ -16,21 +18,42 @@ from embedder.fleet import Fleet, ModelSpec
 from embedder.jobs import TASK_OF_SHAPE, ApiShape, EmbedJob, Task, split_model
 from embedder.rawjson import estimate_tokens
 
+_S = TypeVar("_S", bound=msgspec.Struct)
+
 
 class _Routing(msgspec.Struct):
     model: str | None = None
     adapter: str | None = None
 
 
-def routing_fields(body: bytes) -> tuple[str | None, str | None]:
+def decode_fields(body: bytes, fields: type[_S]) -> _S:
+    """The few fields a route reads of a body (``fields``: a ``msgspec.Struct``); the
+    rest is left to the worker. Bad JSON or a wrong type is a 400 that says which."""
     try:
-        routing = msgspec.json.decode(body, type=_Routing)
+        return msgspec.json.decode(body, type=fields)
     except msgspec.ValidationError as exc:
         raise InvalidRequest(f"invalid request body: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
     except RecursionError:  # Gateway.handle checks the depth first; this is the backstop
         raise InvalidRequest("the request body nests too deep to decode") from None
+
+
+def model_for(fleet: Fleet, name: str | None, task: Task, doing: str) -> ModelSpec:
+    """The named model (else the fleet's first for ``task``), refused unless its task is
+    ``task``; ``doing`` names the work in the message ("generate text")."""
+    spec = default_model(fleet, task) if name is None else fleet.get(name)
+    if spec.task is not task:
+        names = [n for n, s in fleet.models.items() if s.task is task]
+        raise TaskNotSupported(
+            f"model {spec.name!r} is a {spec.task} model and cannot {doing}; "
+            + (f"models that can: {', '.join(names)}" if names else "the fleet has none")
+        )
+    return spec
+
+
+def routing_fields(body: bytes) -> tuple[str | None, str | None]:
+    routing = decode_fields(body, _Routing)
     model, adapter = routing.model, routing.adapter
     if model and adapter is None:  # "base:adapter", as the OpenAI route allows
         model, adapter = split_model(model)

@@ -17,21 +17,20 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
-import msgspec
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from embedder.errors import DeadlineExceeded, FlotillaError, InvalidRequest, TaskNotSupported
-from embedder.fleet import Fleet, ModelSpec
+from embedder.errors import DeadlineExceeded, FlotillaError, InvalidRequest
+from embedder.fleet import Fleet
 from embedder.generation.requests import Routing, check_n, max_new_tokens
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Task, split_model
 from embedder.queue import JobSubmitter, Partial, ReplyStream, StreamingSubmitter
 from embedder.rawjson import estimate_tokens
 from gateway import metrics
 from gateway.admission import Admission
-from gateway.annotate import default_model
+from gateway.annotate import decode_fields, model_for
 from gateway.config import GatewayConfig
 from gateway.errors import ClientGone
 
@@ -51,28 +50,6 @@ class Gateway(Protocol):
     def priority(self, request: Request) -> int: ...
 
 
-def routing(body: bytes) -> Routing:
-    try:
-        return msgspec.json.decode(body, type=Routing)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request body: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise InvalidRequest("the request body nests too deep to decode") from None
-
-
-def generation_model(fleet: Fleet, name: str | None) -> ModelSpec:
-    spec = default_model(fleet, Task.GENERATE) if name is None else fleet.get(name)
-    if spec.task is not Task.GENERATE:
-        names = [n for n, s in fleet.models.items() if s.task is Task.GENERATE]
-        raise TaskNotSupported(
-            f"model {spec.name!r} is a {spec.task} model and cannot generate text; "
-            + (f"generation models: {', '.join(names)}" if names else "the fleet has none")
-        )
-    return spec
-
-
 class GenerateRoute:
     """/v1/chat/completions and /v1/completions: a job sized for the KV cache."""
 
@@ -81,10 +58,10 @@ class GenerateRoute:
         self._streams: set[str] = set()  # job ids whose client asked for a stream
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
-        fields = routing(body)
+        fields = decode_fields(body, Routing)
         check_n(fields.n)
         model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
-        spec = generation_model(gateway.fleet, model)
+        spec = model_for(gateway.fleet, model, Task.GENERATE, "generate text")
         if adapter or fields.adapter:
             raise InvalidRequest(
                 f"model {spec.name!r} serves no adapters: generation runs base models only"

@@ -10,37 +10,13 @@ pixels and pages for real, and writes the answer.
 
 from __future__ import annotations
 
-import msgspec
 from starlette.requests import Request
 
-from embedder.errors import InvalidRequest, LimitExceeded, TaskNotSupported
-from embedder.fleet import Fleet, ModelSpec
+from embedder.errors import InvalidRequest, LimitExceeded
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Task, split_model
 from embedder.ocr.api import BASE64_RATIO, Routing, check_routing, estimate_tokens
-from gateway.annotate import default_model
+from gateway.annotate import decode_fields, model_for
 from gateway.generate import Gateway
-
-
-def routing(body: bytes) -> Routing:
-    try:
-        return msgspec.json.decode(body, type=Routing)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request body: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
-    except RecursionError:
-        raise InvalidRequest("the request body nests too deep to decode") from None
-
-
-def ocr_model(fleet: Fleet, name: str | None) -> ModelSpec:
-    spec = default_model(fleet, Task.OCR) if name is None else fleet.get(name)
-    if spec.task is not Task.OCR:
-        names = [n for n, s in fleet.models.items() if s.task is Task.OCR]
-        raise TaskNotSupported(
-            f"model {spec.name!r} is a {spec.task} model and cannot read documents; "
-            + (f"OCR models: {', '.join(names)}" if names else "the fleet has none")
-        )
-    return spec
 
 
 class OcrRoute:
@@ -48,9 +24,9 @@ class OcrRoute:
         self.shape = shape
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
-        fields = routing(body)
+        fields = decode_fields(body, Routing)
         model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
-        spec = ocr_model(gateway.fleet, model)
+        spec = model_for(gateway.fleet, model, Task.OCR, "read documents")
         if adapter or fields.adapter:
             raise InvalidRequest(f"model {spec.name!r} serves no adapters: OCR runs base models")
         config = gateway.config
