@@ -1,5 +1,6 @@
 """Cheap looks at a raw JSON body, without parsing it: how deep it nests, and how many
-tokens it holds when each text counts at most a model's window.
+tokens it holds when each text counts at most a model's window; and the one decode of a
+body into a struct, its failures classified.
 
 The gateway runs both on every body before anything decodes it (decoding skips what it
 does not need, but still recurses through every level: a few kilobytes of ``[[[[`` took
@@ -14,10 +15,14 @@ from __future__ import annotations
 
 import math
 import re
+from typing import TypeVar
 
+import msgspec
 import numpy as np
 
 from embedder.errors import InvalidRequest
+
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 # No body of these APIs nests deeper than a handful of levels (a list of documents as
 # objects, a search filter); the limit leaves room for metadata and stays far below the
@@ -72,3 +77,16 @@ def estimate_tokens(body: bytes, bytes_per_token: float, max_tokens_per_text: in
         if length > cap:
             size -= length - cap
     return max(1, math.ceil(size / bytes_per_token))
+
+
+def decode_struct(body: bytes, struct: type[_S]) -> _S:
+    """``body`` as ``struct`` (unknown fields ignored, as the structs say). Bad JSON or a
+    wrong type is an ``InvalidRequest`` (400) that says which."""
+    try:
+        return msgspec.json.decode(body, type=struct)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"invalid request body: {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    except RecursionError:  # check_depth runs first; this is the backstop
+        raise InvalidRequest("the request body nests too deep to decode") from None

@@ -8,35 +8,18 @@ the worker decodes and tokenizes for real.
 
 from __future__ import annotations
 
-from typing import TypeVar
-
 import msgspec
 
 from embedder.adapters import AdapterCatalog
-from embedder.errors import InvalidRequest, TaskNotSupported
+from embedder.errors import TaskNotSupported
 from embedder.fleet import Fleet, ModelSpec
 from embedder.jobs import TASK_OF_SHAPE, ApiShape, EmbedJob, Task, split_model
-from embedder.rawjson import estimate_tokens
-
-_S = TypeVar("_S", bound=msgspec.Struct)
+from embedder.rawjson import decode_struct, estimate_tokens
 
 
 class _Routing(msgspec.Struct):
     model: str | None = None
     adapter: str | None = None
-
-
-def decode_fields(body: bytes, fields: type[_S]) -> _S:
-    """The few fields a route reads of a body (``fields``: a ``msgspec.Struct``); the
-    rest is left to the worker. Bad JSON or a wrong type is a 400 that says which."""
-    try:
-        return msgspec.json.decode(body, type=fields)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request body: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
-    except RecursionError:  # Gateway.handle checks the depth first; this is the backstop
-        raise InvalidRequest("the request body nests too deep to decode") from None
 
 
 def model_for(fleet: Fleet, name: str | None, task: Task, doing: str) -> ModelSpec:
@@ -53,7 +36,7 @@ def model_for(fleet: Fleet, name: str | None, task: Task, doing: str) -> ModelSp
 
 
 def routing_fields(body: bytes) -> tuple[str | None, str | None]:
-    routing = decode_fields(body, _Routing)
+    routing = decode_struct(body, _Routing)
     model, adapter = routing.model, routing.adapter
     if model and adapter is None:  # "base:adapter", as the OpenAI route allows
         model, adapter = split_model(model)

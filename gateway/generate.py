@@ -27,10 +27,10 @@ from embedder.fleet import Fleet
 from embedder.generation.requests import Routing, check_n, max_new_tokens
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Task, split_model
 from embedder.queue import JobSubmitter, Partial, ReplyStream, StreamingSubmitter
-from embedder.rawjson import estimate_tokens
+from embedder.rawjson import decode_struct, estimate_tokens
 from gateway import metrics
 from gateway.admission import Admission
-from gateway.annotate import decode_fields, model_for
+from gateway.annotate import model_for
 from gateway.config import GatewayConfig
 from gateway.errors import ClientGone
 
@@ -58,7 +58,7 @@ class GenerateRoute:
         self._streams: set[str] = set()  # job ids whose client asked for a stream
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
-        fields = decode_fields(body, Routing)
+        fields = decode_struct(body, Routing)
         check_n(fields.n)
         model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
         spec = model_for(gateway.fleet, model, Task.GENERATE, "generate text")

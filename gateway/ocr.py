@@ -15,7 +15,8 @@ from starlette.requests import Request
 from embedder.errors import InvalidRequest, LimitExceeded
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Task, split_model
 from embedder.ocr.api import BASE64_RATIO, Routing, check_routing, estimate_tokens
-from gateway.annotate import decode_fields, model_for
+from embedder.rawjson import decode_struct
+from gateway.annotate import model_for
 from gateway.generate import Gateway
 
 
@@ -24,7 +25,7 @@ class OcrRoute:
         self.shape = shape
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
-        fields = decode_fields(body, Routing)
+        fields = decode_struct(body, Routing)
         model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
         spec = model_for(gateway.fleet, model, Task.OCR, "read documents")
         if adapter or fields.adapter:

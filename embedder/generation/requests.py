@@ -14,6 +14,7 @@ import msgspec
 
 from embedder.errors import InvalidRequest
 from embedder.jobs import ApiShape
+from embedder.rawjson import decode_struct
 
 MAX_STOPS = 4  # as OpenAI
 
@@ -124,12 +125,7 @@ def decode(shape: ApiShape, body: bytes) -> GenerateRequest:
     kind: type[ChatBody] | type[CompletionBody] = (
         ChatBody if shape is ApiShape.OPENAI_CHAT else CompletionBody
     )
-    try:
-        req = msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request body: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    req = decode_struct(body, kind)
     check_n(req.n)
     temperature = 1.0 if req.temperature is None else req.temperature
     if not 0.0 <= temperature <= 2.0:

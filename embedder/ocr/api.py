@@ -48,6 +48,7 @@ import msgspec
 import orjson
 
 from embedder.errors import InvalidRequest, LimitExceeded
+from embedder.rawjson import decode_struct
 
 TOKENS_PER_PAGE = 1_000  # about the text a page holds: admission's unit for an OCR job
 PDF_BYTES_PER_PAGE = 100_000  # a PDF's page count guessed from its size, unparsed
@@ -137,12 +138,7 @@ def estimate_tokens(routing: Routing, body_bytes: int, max_pages: int) -> int:
 
 
 def decode(body: bytes) -> OcrRequest:
-    try:
-        req = msgspec.json.decode(body, type=OcrBody)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request body: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
+    req = decode_struct(body, OcrBody)
     document = req.document
     check_type(None if document is None else document.type)
     assert document is not None
