@@ -138,15 +138,28 @@ class GenerationEngine(Lifecycle):
         self.done_first: list[Sequence] = []  # finished by their first token
         self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-generate")
         self._task: asyncio.Task[None] | None = None
+        self._owner = f"generate:{spec.name}"
+        self._deadline = 0.0  # of the turn running now
+        self._lending: list[torch.utils.hooks.RemovableHandle] = []
 
     # -- lifecycle ------------------------------------------------------------
 
     async def start(self) -> None:
         if self._task is None:
             sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+            # Before each decoder block the forward lends the device to another loop that
+            # waits (an embedding batch): it waits for a block, not for a whole step.
+            layers = self.runtime.layers()
+            self._lending = [layer.register_forward_pre_hook(self._lend) for layer in layers]
             self._task = watch(asyncio.create_task(self._loop(), name=f"generate-{self.name}"))
 
+    def _lend(self, module: torch.nn.Module, args: object) -> None:
+        self.turns.lend_point(self._owner, self._deadline)
+
     async def stop(self) -> None:
+        for hook in self._lending:
+            hook.remove()
+        self._lending = []
         task, self._task = self._task, None
         await cancel_and_wait(task)
         jobs = [s.job for s in (*self.rows, *self.prefilling)] + self.pulled
@@ -172,8 +185,8 @@ class GenerationEngine(Lifecycle):
             await self._drop_departed()
             if not self.active:
                 continue
-            deadline = min(s.job.deadline for s in self.active)
-            owner = f"generate:{self.name}"
+            deadline = self._deadline = min(s.job.deadline for s in self.active)
+            owner = self._owner
             try:
                 tokens = 0
                 # Two turns, not one: a forward of the other loops (an embedding batch)

@@ -67,6 +67,11 @@ class GenerationRuntime:
             chat_template=self.chat_template is not None,
         )
 
+    def layers(self) -> list[torch.nn.Module]:
+        """The decoder's blocks in order: the model's longest list of modules."""
+        lists = [list(m) for m in self.model.modules() if isinstance(m, torch.nn.ModuleList)]
+        return max(lists, key=len, default=[])
+
     def encode(self, text: str) -> list[int]:
         ids: list[int] = self.tokenizer(text)["input_ids"]
         return ids

@@ -1,11 +1,15 @@
 """The device's turns between the embedding worker and generation engines: whoever asks
 a free device gets it; when several wait, the loop served least recently goes first, so
-a loop that asks without pause cannot starve another."""
+a loop that asks without pause cannot starve another; a turn's work lends the device to
+a waiter at the points it chooses."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import threading
+import time
 
 from embedder.turns import DeviceTurns
 
@@ -78,3 +82,64 @@ async def test_a_cancelled_waiter_passes_its_turn_on() -> None:
     assert got == ["c"]
     async with turns.turn("d", 0.0):  # and the device is free again after
         pass
+
+
+async def test_work_in_a_thread_lends_the_device_to_a_waiter_and_gets_it_back() -> None:
+    """A turn's work running in a thread reaches a lend point while another loop waits:
+    the waiter's turn runs then, inside the lender's, and the lender goes on after it."""
+    turns = DeviceTurns()
+    events: list[str] = []
+    waiting = threading.Event()
+
+    def long_work() -> None:  # a forward, its blocks calling lend_point
+        for block in range(4):
+            if block == 2:
+                waiting.wait(5)
+                time.sleep(0.01)  # the waiter is queued by now
+            turns.lend_point("generate", 1.0)
+            events.append(f"block {block}")
+
+    async def lender() -> None:
+        async with turns.turn("generate", 1.0):
+            await asyncio.get_running_loop().run_in_executor(None, long_work)
+
+    async def embed() -> None:
+        await asyncio.sleep(0.01)
+        waiting.set()
+        async with turns.turn("embed", 5.0):
+            events.append("embed")
+
+    await asyncio.wait_for(asyncio.gather(lender(), embed()), 10)
+    assert events == ["block 0", "block 1", "embed", "block 2", "block 3"]
+    assert turns.waiting() == 0
+    async with turns.turn("other", 1.0):  # the device is free again
+        pass
+
+
+def test_a_lend_point_with_nobody_waiting_returns_at_once() -> None:
+    turns = DeviceTurns()
+    started = time.perf_counter()
+    for _ in range(1000):
+        turns.lend_point("generate", 1.0)
+    assert time.perf_counter() - started < 0.5
+
+
+async def test_a_cancelled_waiter_is_not_counted_as_asking() -> None:
+    turns = DeviceTurns()
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with turns.turn("a", 0.0):
+            await release.wait()
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    waiter = asyncio.create_task(turns.turn("b", 1.0).__aenter__())
+    await asyncio.sleep(0)
+    assert turns.waiting() == 1
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    assert turns.waiting() == 0  # a lender would not wait for it
+    release.set()
+    await holder

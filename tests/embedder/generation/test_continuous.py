@@ -99,3 +99,21 @@ async def test_chat_without_a_template_is_refused_alone(tiny_runtime: Generation
             await asyncio.wait_for(refused, 30)
         result = await asyncio.wait_for(served, 30)
     assert json.loads(result.body)["usage"]["completion_tokens"] == 3
+
+
+async def test_the_engine_lends_the_device_before_each_decoder_block(
+    tiny_runtime: GenerationRuntime,
+) -> None:
+    turns = DeviceTurns()
+    calls: list[str] = []
+    turns.lend_point = lambda owner, deadline: calls.append(owner)  # type: ignore[method-assign]
+    queue = InProcessQueue()
+    async with GenerationEngine(queue, tiny_spec(), tiny_runtime, turns):
+        await asyncio.wait_for(await queue.put(completion_job("rent", 3, tiny_runtime)), 30)
+    blocks = len(tiny_runtime.layers())
+    assert blocks >= 2
+    assert len(calls) >= 3 * blocks and set(calls) == {"generate:tiny-llm"}  # 3 forwards
+    calls.clear()
+    with torch.inference_mode():
+        tiny_runtime.model(torch.tensor([[1, 2, 3]]))
+    assert calls == []  # a stopped engine leaves no hook behind
