@@ -94,7 +94,8 @@ class RecordRules:
 
 
 class _Body(msgspec.Struct, forbid_unknown_fields=False):
-    text: str | None = None
+    # UNSET, not None: a null or non-string text is refused as before ("Expected `str`").
+    text: str | msgspec.UnsetType = msgspec.UNSET
     # Kept as its JSON: it becomes the OCR job's body as sent, base64 never re-encoded.
     document: msgspec.Raw = msgspec.Raw(b"")
     pages: list[int] | None = None
@@ -225,15 +226,14 @@ def _parse(
                 f"the metadata nests deeper than {MAX_METADATA_DEPTH} levels", source, "too_deep"
             )
     document = _document(body, rules) if body is not None else None
-    if body is not None and document is None and body.text is None:
+    if body is not None and document is None and body.text is msgspec.UNSET:
         return Poison(
             "the value has neither 'text' nor 'document': send the text, or an image or PDF "
             'as {"document": {"type": "image_url" | "document_url", ...}}',
             source,
             "bad_json",
         )
-    text = "" if document is not None else body.text if body is not None else text_value
-    assert text is not None
+    text = text_value if body is None else body.text or ""  # a document's text is its pages'
     doc_id = doc_key
     if body is not None and body.id is not None:
         if doc_key is not None and body.id != doc_key:
@@ -286,7 +286,7 @@ def _document(body: _Body, rules: RecordRules) -> bytes | None:
         if body.pages is not None:
             raise _Refused("bad_document", "'pages' is given without a 'document' to read")
         return None
-    if body.text is not None:
+    if body.text is not msgspec.UNSET:
         raise _Refused(
             "bad_document",
             "the value has both 'text' and 'document': send one (the text, or the image or "
