@@ -118,6 +118,7 @@ def worker(settings: Settings) -> None:
     | ADAPTERS
     | STORE
     | RECORDS
+    | (DECODING - {"max_inputs_per_request"})  # the OCR limits, for scanned documents
     | KAFKA_INGEST
     | PROGRESS
     | {"api_keys", "max_body_bytes", "max_inflight_tokens"},
@@ -562,7 +563,7 @@ app.add_typer(eval_app, name="eval")
 @settings_flags(
     (MODELS | PROFILES | ADAPTERS | STORE | RECORDS | PROGRESS)
     - CHUNKING
-    - {"auto_truncate", "ingest_model"}
+    - {"auto_truncate", "ingest_model", "ingest_ocr_model"}
 )
 def eval_retrieval(
     settings: Settings,

@@ -101,6 +101,7 @@ CHUNKING = frozenset({"chunking", "chunk_max_tokens", "chunk_overlap_tokens"})
 RECORDS = CHUNKING | {
     "collection",
     "ingest_model",
+    "ingest_ocr_model",
     "ingest_max_text_bytes",
     "bytes_per_token",
     "auto_truncate",

@@ -196,6 +196,13 @@ class Settings(BaseSettings):
         "alias or MODEL:ADAPTER); the fleet's first when unset. A record's flotilla-model "
         "header or 'model' field still chooses its own.",
     )
+    ingest_ocr_model: str | None = Field(
+        default=None,
+        description="OCR model that reads the records carrying an image or PDF instead of "
+        "text (`ingest`, `serve --kafka`, the documents route); the fleet's first OCR model "
+        "when unset. `ingest` loads it beside its embedding model; without one such records "
+        "are dead-lettered.",
+    )
     chunking: bool = Field(
         default=True,
         description="Split a document longer than its model's window into passages, each a "
@@ -396,6 +403,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Ingest": (
         "collection",
         "ingest_model",
+        "ingest_ocr_model",
         "chunking",
         "chunk_max_tokens",
         "chunk_overlap_tokens",

@@ -24,7 +24,7 @@ from embedder.codecs import RequestLimits
 from embedder.errors import ModelNotFound
 from embedder.fleet import Fleet, load_fleet
 from embedder.host import ModelHost, RuntimeLoader
-from embedder.jobs import split_model
+from embedder.jobs import Task, split_model
 from embedder.ocr.api import OcrLimits
 from embedder.queue import JobPuller
 from embedder.queue.inprocess import InProcessQueue
@@ -40,6 +40,7 @@ from ingest.chunking import Chunking
 from ingest.embedding import QueueEmbedder, model_windows
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
+from ingest.reading import QueueReader
 from ingest.records import RecordRules
 from ingest.store import CollectionNotFound, VectorStore, open_store
 from ingest.supervisor import IngestSupervisor
@@ -105,13 +106,33 @@ def server_url(settings: Settings) -> str | None:
 
 def ingest_models(settings: Settings) -> list[str]:
     """The models an ingest command loads: the one documents are embedded with unless
-    a record names another (--model, else the fleet's first). A --model the fleet lacks
-    fails here, before anything loads."""
+    a record names another (--model, else the fleet's first), and the OCR model that
+    reads records carrying an image or PDF, if the fleet has one. A --model or
+    --ingest-ocr-model the fleet lacks fails here, before anything loads."""
     fleet = configured_fleet(settings)
-    if settings.ingest_model is None:
-        return [fleet.default_model]
-    record_rules(settings, fleet, adapter_catalog(settings, fleet))
-    return [settings.ingest_model]
+    embedding = settings.ingest_model or fleet.default_model
+    if settings.ingest_model is not None:
+        record_rules(settings, fleet, adapter_catalog(settings, fleet))
+    reader = ocr_model(settings, fleet)
+    return [embedding] if reader is None or reader == embedding else [embedding, reader]
+
+
+def ocr_model(settings: Settings, fleet: Fleet) -> str | None:
+    """The model that reads ingested images and PDFs: --ingest-ocr-model, else the fleet's
+    first OCR model; None when the fleet has none."""
+    if settings.ingest_ocr_model is None:
+        return next((n for n, s in fleet.models.items() if s.task is Task.OCR), None)
+    try:
+        spec = fleet.get(settings.ingest_ocr_model)
+    except ModelNotFound:
+        spec = None
+    if spec is None or spec.task is not Task.OCR:
+        readers = [n for n, s in fleet.models.items() if s.task is Task.OCR]
+        raise SystemExit(
+            f"--ingest-ocr-model {settings.ingest_ocr_model!r} (FLOTILLA_INGEST_OCR_MODEL) is "
+            "not an OCR model of the fleet; its OCR models: " + (", ".join(readers) or "none")
+        )
+    return spec.name
 
 
 def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
@@ -142,6 +163,7 @@ def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> 
         default_model=default_model,
         max_text_bytes=settings.ingest_max_text_bytes,
         resolve_model=resolve,
+        ocr_model=ocr_model(settings, fleet),
     )
 
 
@@ -201,8 +223,11 @@ def local_stack(
     embedder = QueueEmbedder(
         queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
     )
+    reader = QueueReader(
+        queue, bytes_per_token=settings.bytes_per_token, max_pages=settings.ocr_max_pages
+    )
     host = model_host(settings, fleet, queue, adapters, loader)
-    core = IngestCore(embedder, store, rules, chunking=chunking(settings, host))
+    core = IngestCore(embedder, store, rules, chunking=chunking(settings, host), reader=reader)
     return LocalStack(fleet, adapters, queue, host, store, core)
 
 

@@ -24,15 +24,22 @@ character for one, so every offset still points into the original text.
 **Spans**: passage ``i`` is ``text[start:end]`` of the original, trimmed of whitespace;
 passages are in document order. A text that fits the limit is one passage, the whole
 text untouched, so short documents are stored exactly as before chunking existed.
+
+**Pages** (a document read by OCR, ``page_passages``): each page is split alone, so a
+passage never spans pages; passages are numbered through the document, page by page,
+and each knows its page, the page's lines it holds (``line_start:line_end`` of the
+page's OCR lines, in reading order) and their box; ``start:end`` index the page's text.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from semantic_text_splitter import TextSplitter
+
+from ingest.reading import ReadPage
 
 _BLANK_LINE = re.compile(r"\n[ \t\r]*\n")
 # A line break with a non-blank line on both sides (and the spaces or \r before it).
@@ -54,6 +61,12 @@ class Passage:
     start: int  # character offsets into the document's text: text[start:end]
     end: int
     text: str
+    # A page of a document read by OCR: its index, the lines [line_start, line_end) of it
+    # that the passage holds, and their box in the page's pixels (x0, y0, x1, y1).
+    page: int | None = None
+    line_start: int | None = None
+    line_end: int | None = None
+    bbox: tuple[float, float, float, float] | None = None
 
 
 def unwrapped(text: str) -> str:
@@ -185,3 +198,54 @@ class Chunking:
             f"the document {size} {limit} of model {model!r}: ingest with --chunking "
             "(the default) to split it into passages, or with --auto-truncate to cut it"
         )
+
+
+def line_spans(page: ReadPage) -> list[tuple[int, int]]:
+    """Where each of the page's lines is in its text: the text is the lines in order,
+    joined by separators, so each is found after the one before."""
+    spans: list[tuple[int, int]] = []
+    at = 0
+    for line in page.lines:
+        found = page.markdown.find(line.text, at)
+        if found < 0:  # not in the text (never, for a /v1/ocr answer): an empty span
+            spans.append((at, at))
+            continue
+        spans.append((found, found + len(line.text)))
+        at = found + len(line.text)
+    return spans
+
+
+def page_passages(
+    split: Callable[[str], list[Passage]], pages: Sequence[ReadPage]
+) -> list[Passage]:
+    """The passages of a document's pages, each page split by ``split`` on its own."""
+    out: list[Passage] = []
+    for page in pages:
+        if not page.markdown.strip():
+            continue  # a blank page has nothing to find
+        spans = line_spans(page)
+        for part in split(page.markdown):
+            held = [i for i, (a, b) in enumerate(spans) if a < part.end and b > part.start]
+            first, last = (held[0], held[-1] + 1) if held else (0, 0)
+            boxes = [page.lines[i].bbox for i in held]
+            bbox = (
+                (
+                    min(b[0] for b in boxes),
+                    min(b[1] for b in boxes),
+                    max(b[2] for b in boxes),
+                    max(b[3] for b in boxes),
+                )
+                if boxes
+                else None
+            )
+            out.append(
+                replace(
+                    part,
+                    index=len(out),
+                    page=page.index,
+                    line_start=first,
+                    line_end=last,
+                    bbox=bbox,
+                )
+            )
+    return out

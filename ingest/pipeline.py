@@ -2,15 +2,18 @@
 in, the store written and every poison dead-lettered, or an exception and nothing
 acknowledged.
 
-Order within a chunk: parse -> split into passages -> embed -> check collections ->
-dead-letter the poison -> write the last operation per document -> dead-letter what
-the store refused -> (the caller commits). Every failure that belongs to one record
-(its bytes, its passages, its embedding, its collection, its points) dead-letters
-that record; only a failure of the whole chunk (the store down past the deadline,
-the dead-letter topic unreachable) raises, and then nothing is acknowledged. Because
-point ids derive from (collection, document id, passage index), a chunk that is
-processed twice (a crash before its commit) writes the same points again: nothing is
-duplicated.
+Order within a chunk: parse -> read the documents that are images or PDFs (OCR through
+the work queue: ``ingest.reading``) -> split into passages (each page alone) -> embed
+-> check collections -> dead-letter the poison -> write the last operation per document
+-> dead-letter what the store refused -> (the caller commits). Every failure that
+belongs to one record (its bytes, its pages, its passages, its embedding, its
+collection, its points) dead-letters that record; only a failure of the whole chunk
+(the store down past the deadline, the dead-letter topic unreachable) raises, and then
+nothing is acknowledged. Because point ids derive from (collection, document id,
+passage index), a chunk that is processed twice (a crash before its commit) writes the
+same points again: nothing is duplicated. A document read by OCR numbers its passages
+through its pages in page order; should a redelivery read a page differently, the
+replacement below still leaves exactly the new reading's points.
 
 **Replacing a document** writes its passages 0..n-1 (overwriting the same ids), then
 deletes its points with ``chunk_index >= n``: what is left of a longer earlier version.
@@ -27,11 +30,13 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from embedder.errors import FlotillaError, LimitExceeded
-from ingest.chunking import Chunking, Passage
+from ingest.chunking import Chunking, Passage, page_passages
 from ingest.embedding import QueueEmbedder
+from ingest.reading import QueueReader, ReadFailed, ReadPage
 from ingest.records import (
     Delete,
     Operation,
@@ -107,7 +112,9 @@ class Backoff:
 
 class IngestCore:
     """``chunking`` splits documents over their model's window into passages (see
-    ``ingest.chunking``); without it every document goes whole, as one point."""
+    ``ingest.chunking``); without it every document goes whole, as one point (a document
+    read by OCR: one point a page). ``reader`` reads the records that carry an image or a
+    PDF; without it they are dead-lettered."""
 
     def __init__(
         self,
@@ -118,8 +125,10 @@ class IngestCore:
         backoff: Backoff | None = None,
         distance: Distance = "cosine",
         chunking: Chunking | None = None,
+        reader: QueueReader | None = None,
     ) -> None:
         self.embedder = embedder
+        self.reader = reader
         self.store = store
         self.rules = rules
         self.backoff = backoff or Backoff()
@@ -136,7 +145,9 @@ class IngestCore:
         ]
         codes = {p.source: p.code for p in parsed if isinstance(p, Poison)}
         upserts = [p for p in parsed if isinstance(p, Upsert)]
-        passages = await asyncio.to_thread(self._split, upserts, poisons, by_source)
+        pages = await self._read(upserts, poisons, codes, by_source)
+        upserts = [u for u in upserts if u.document is None or u.source in pages]
+        passages = await asyncio.to_thread(self._split, upserts, pages, poisons, codes, by_source)
         codes.update((r.source, "split_failed") for r, _ in poisons if r.source not in codes)
         vectors = await self._embed(
             [u for u in upserts if u.source in passages], passages, poisons, by_source
@@ -171,23 +182,65 @@ class IngestCore:
         report.deleted = len(deletes)
         return report
 
-    def _split(
+    async def _read(
         self,
         upserts: list[Upsert],
         poisons: list[tuple[RawRecord, str]],
+        codes: dict[SourceRef, str],
+        by_source: dict[SourceRef, RawRecord],
+    ) -> dict[SourceRef, list[ReadPage]]:
+        """The pages of each document that is an image or PDF, read by the OCR model; one
+        that cannot be read is dead-lettered with the reason and its code."""
+        documents = [u for u in upserts if u.document is not None]
+        if not documents:
+            return {}
+        if self.reader is None:
+            for op in documents:
+                poisons.append((by_source[op.source], "no OCR model reads documents here"))
+                codes[op.source] = "no_ocr_model"
+            return {}
+        read = await self.reader.read([op.document for op in documents if op.document])
+        out: dict[SourceRef, list[ReadPage]] = {}
+        for op, outcome in zip(documents, read, strict=True):
+            if isinstance(outcome, ReadFailed):
+                poisons.append((by_source[op.source], outcome.reason))
+                codes[op.source] = outcome.code
+            else:
+                out[op.source] = outcome
+        return out
+
+    def _split(
+        self,
+        upserts: list[Upsert],
+        pages: dict[SourceRef, list[ReadPage]],
+        poisons: list[tuple[RawRecord, str]],
+        codes: dict[SourceRef, str],
         by_source: dict[SourceRef, RawRecord],
     ) -> dict[SourceRef, list[Passage]]:
         """Each document's passages (in a thread: tokenizing long texts takes a while)."""
         out: dict[SourceRef, list[Passage]] = {}
         for op in upserts:
-            if self.chunking is None:
-                out[op.source] = [Passage(0, 0, len(op.text), op.text)]
-                continue
             try:
-                out[op.source] = self.chunking.split(op.model, op.text)
+                if op.source in pages:
+                    parts = page_passages(partial(self._passages, op), pages[op.source])
+                    if not parts:
+                        count = len(pages[op.source])
+                        poisons.append(
+                            (by_source[op.source], f"no text was found on its {count} page(s)")
+                        )
+                        codes[op.source] = "empty_text"
+                        continue
+                    out[op.source] = parts
+                else:
+                    out[op.source] = self._passages(op, op.text)
             except ValueError as exc:  # passage settings that leave a model no room
                 poisons.append((by_source[op.source], f"cannot split the document: {exc}"))
         return out
+
+    def _passages(self, op: Upsert, text: str) -> list[Passage]:
+        if self.chunking is None:
+            return [Passage(0, 0, len(text), text)]
+        return self.chunking.split(op.model, text)
 
     async def _embed(
         self,
@@ -216,7 +269,8 @@ class IngestCore:
                     retry.append((upsert, passage))
                 else:
                     failed.add(upsert.source)
-                    poisons.append((by_source[upsert.source], self._reason(upsert, result)))
+                    reason = self._reason(upsert, passage, result)
+                    poisons.append((by_source[upsert.source], reason))
             pending = [(u, p) for u, p in retry if u.source not in failed]
             attempt += 1
             if pending:
@@ -227,9 +281,10 @@ class IngestCore:
             if source not in failed
         }
 
-    def _reason(self, upsert: Upsert, error: FlotillaError) -> str:
+    def _reason(self, upsert: Upsert, passage: Passage, error: FlotillaError) -> str:
         if isinstance(error, LimitExceeded) and self.chunking is not None:
-            return self.chunking.too_long(upsert.model, upsert.text)
+            text = upsert.text if upsert.document is None else passage.text  # a page's
+            return self.chunking.too_long(upsert.model, text)
         return f"embedding failed: {error.message}"
 
     async def _check_collections(
@@ -362,8 +417,10 @@ class IngestCore:
 
 
 def _payload(op: Upsert, part: Passage, count: int) -> dict[str, Any]:
-    """A passage's payload: the document's own fields and which part of it this is."""
-    return {
+    """A passage's payload: the document's own fields and which part of it this is; of a
+    document read by OCR, also its page (0-based), lines and their box (the character
+    offsets then index the page's text)."""
+    payload = {
         "doc_id": op.doc_id,
         "text": part.text,
         "chunk_index": part.index,
@@ -378,3 +435,9 @@ def _payload(op: Upsert, part: Passage, count: int) -> dict[str, Any]:
             "offset": op.source.offset,
         },
     }
+    if part.page is not None:
+        payload["page"] = part.page
+        payload["line_start"] = part.line_start
+        payload["line_end"] = part.line_end
+        payload["bbox"] = [round(v, 1) for v in part.bbox] if part.bbox else None
+    return payload

@@ -3,6 +3,19 @@
 - key: the document id (UTF-8).
 - value: JSON ``{"id", "text", "metadata"?, "collection"?, "model"?}``, or plain UTF-8
   text (the key is then the id). A null value (tombstone) deletes the document.
+- instead of ``text``, the value may carry a page image or a PDF to read with OCR, in
+  the ``/v1/ocr`` request's vocabulary (``embedder.ocr.api``), and ``pages``? (0-based)::
+
+      {"id": "scan-7", "document": {"type": "image_url", "image_url": "data:image/png;base64,..."}}
+      {"id": "scan-8", "document": {"type": "document_url",
+                                    "document_url": "data:application/pdf;base64,..."}}
+      {"id": "scan-9", "document": {"type": "document_url", "document_url": "/srv/scans/9.pdf"}}
+
+  A path (or ``file://`` URL) is read only under the OCR local roots (--ocr-local-roots)
+  of the worker that runs the OCR model; nothing is fetched from http(s). The record
+  becomes an ``Upsert`` whose ``document`` is the OCR job's body; the pipeline reads it
+  (``ingest.reading``) and stores its pages' passages. A value with both ``text`` and
+  ``document``, or neither, is poison.
 - headers ``flotilla-collection`` and ``flotilla-model`` override the value's fields.
 
 Anything else becomes a ``Poison`` with a reason and a stable ``code`` (the metrics'
@@ -19,8 +32,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import orjson
 
 from embedder.errors import FlotillaError
+from embedder.ocr import api as ocr_api
 from ingest.store.contract import check_collection_name
 
 COLLECTION_HEADER = "flotilla-collection"
@@ -45,6 +60,9 @@ class Upsert:
     model: str
     source: SourceRef
     metadata: dict[str, Any] = field(default_factory=dict)
+    # A record carrying an image or PDF: the /v1/ocr request body that reads it (``text``
+    # is then empty until the pipeline has read the pages).
+    document: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +90,15 @@ class RecordRules:
     default_model: str
     max_text_bytes: int
     resolve_model: Callable[[str], str | None]  # name or alias -> canonical name, None if unknown
+    ocr_model: str | None = None  # reads records that carry a document; None: none served
 
 
 class _Body(msgspec.Struct, forbid_unknown_fields=False):
-    text: str
+    # UNSET, not None: a null or non-string text is refused as before ("Expected `str`").
+    text: str | msgspec.UnsetType = msgspec.UNSET
+    # Kept as its JSON: it becomes the OCR job's body as sent, base64 never re-encoded.
+    document: msgspec.Raw = msgspec.Raw(b"")
+    pages: list[int] | None = None
     id: str | None = None
     metadata: dict[str, Any] = {}
     collection: str | None = None
@@ -202,7 +225,15 @@ def _parse(
             return Poison(
                 f"the metadata nests deeper than {MAX_METADATA_DEPTH} levels", source, "too_deep"
             )
-    text = body.text if body is not None else text_value
+    document = _document(body, rules) if body is not None else None
+    if body is not None and document is None and body.text is msgspec.UNSET:
+        return Poison(
+            "the value has neither 'text' nor 'document': send the text, or an image or PDF "
+            'as {"document": {"type": "image_url" | "document_url", ...}}',
+            source,
+            "bad_json",
+        )
+    text = text_value if body is None else body.text or ""  # a document's text is its pages'
     doc_id = doc_key
     if body is not None and body.id is not None:
         if doc_key is not None and body.id != doc_key:
@@ -212,7 +243,7 @@ def _parse(
         doc_id = body.id
     if not doc_id:
         return Poison("no document id: set the record key or the value's 'id'", source, "no_id")
-    if not text.strip():
+    if document is None and not text.strip():
         return Poison("the document text is empty", source, "empty_text")
     size = len(text.encode("utf-8"))
     if size > rules.max_text_bytes:
@@ -243,7 +274,39 @@ def _parse(
         model=model,
         source=source,
         metadata=dict(body.metadata) if body is not None else {},
+        document=document,
     )
+
+
+def _document(body: _Body, rules: RecordRules) -> bytes | None:
+    """The OCR job's body for a value that carries a document, checked as the OCR model
+    will read it (its type, a URL present, pages not negative); None without one."""
+    raw = bytes(body.document)
+    if raw in (b"", b"null"):
+        if body.pages is not None:
+            raise _Refused("bad_document", "'pages' is given without a 'document' to read")
+        return None
+    if body.text is not msgspec.UNSET:
+        raise _Refused(
+            "bad_document",
+            "the value has both 'text' and 'document': send one (the text, or the image or "
+            "PDF to read it from)",
+        )
+    if rules.ocr_model is None:
+        raise _Refused(
+            "no_ocr_model",
+            "the record carries a document to read, and no OCR model is served here: add "
+            "one to the fleet (ppocrv5-mobile), or send the text",
+        )
+    fields: dict[str, Any] = {"model": rules.ocr_model, "document": orjson.Fragment(raw)}
+    if body.pages is not None:
+        fields["pages"] = body.pages
+    request = orjson.dumps(fields)
+    try:
+        ocr_api.decode(request)
+    except FlotillaError as exc:
+        raise _Refused("bad_document", f"the document cannot be read: {exc.message}") from None
+    return request
 
 
 def last_writes(operations: Sequence[Operation]) -> tuple[list[Upsert], list[Delete]]:

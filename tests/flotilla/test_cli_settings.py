@@ -52,7 +52,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
-            *("collection", "ingest_max_text_bytes", "ingest_model"),
+            *("collection", "ingest_max_text_bytes", "ingest_model", "ingest_ocr_model"),
             *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
         }
     ),
@@ -86,12 +86,13 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *NATS,
             *("store", "qdrant_url", "qdrant_api_key"),
             *("bytes_per_token", "collection", "ingest_max_text_bytes", "ingest_model"),
-            *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
+            *("ingest_ocr_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
             *("topic", "group", "ingest_max_records", "dlq_create"),
         }
     ),
-    # flotilla.ingest: ingest_stack() (one input per job, so no request limit), the Kafka
-    # source, the backfill's chunks and the producer, their progress lines; with --server
+    # flotilla.ingest: ingest_stack() (one input per job, so no request limit; the OCR
+    # limits and model for scanned documents), the Kafka source, the backfill's chunks and
+    # the producer, their progress lines; with --server
     # (flotilla.documents_client) the key it authenticates with and the server's limits
     # its batches keep to. It sets up no logging.
     ("ingest",): frozenset(
@@ -100,6 +101,8 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("tuned_file", "untuned"),
             *("auto_truncate", "bytes_per_token", "collection", "ingest_max_text_bytes"),
             *("ingest_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
+            *("ingest_ocr_model", "ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels"),
+            *("ocr_pdf_dpi", "ocr_local_roots"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
             *("progress_interval_s", "api_keys", "max_body_bytes", "max_inflight_tokens"),

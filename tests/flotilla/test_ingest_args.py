@@ -73,3 +73,18 @@ def test_a_stack_of_named_models_takes_the_first_as_its_default(tmp_path: Path) 
     assert stack.core.rules.default_model == "second"
     with pytest.raises(ModelNotFound, match="'third' is not in the fleet"):
         wiring.local_stack(settings, models=["third"])
+
+
+def test_ingest_loads_the_fleets_ocr_model_for_scanned_documents() -> None:
+    settings = Settings()
+    assert wiring.ingest_models(settings) == ["all-minilm-l6-v2", "ppocrv5-mobile"]
+    named = Settings(ingest_model="multilingual-e5-small", ingest_ocr_model="ocr")  # an alias
+    assert wiring.ingest_models(named) == ["multilingual-e5-small", "ppocrv5-mobile"]
+    with pytest.raises(SystemExit, match=r"'all-minilm-l6-v2' .* is not an OCR model"):
+        wiring.ingest_models(Settings(ingest_ocr_model="all-minilm-l6-v2"))
+
+
+def test_without_an_ocr_model_in_the_fleet_ingest_loads_none(tmp_path: Path) -> None:
+    settings = two_models(tmp_path)
+    assert wiring.ingest_models(settings) == ["first"]
+    assert wiring.local_stack(settings).core.rules.ocr_model is None

@@ -206,7 +206,7 @@ POISON: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]], s
     (b"text-a-number", b'{"text": 5}', [], "Expected `str`"),
     (b"metadata-a-list", b'{"text": "t", "metadata": [1]}', [], "Expected `object`"),
     (b"id-a-number", b'{"id": 7, "text": "t"}', [], "Expected `str | null`"),
-    (b"no-text", b'{"id": "no-text"}', [], "missing required field `text`"),
+    (b"no-text", b'{"id": "no-text"}', [], "neither 'text' nor 'document'"),
     (b"cut-json", b'{"text": "unterminated', [], "not a valid document JSON"),
 ]
 
