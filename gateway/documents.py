@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 
 from embedder.errors import FlotillaError, InvalidRequest, LimitExceeded, ModelNotFound
 from embedder.jobs import split_model
+from embedder.ocr import api as ocr_api
 from embedder.rawjson import check_depth
 from gateway import metrics
 from gateway.answers import DocumentsDeleted
@@ -88,7 +89,7 @@ class CollectionDocuments:
                 RawRecord(None, bytes(raw), headers, SourceRef(SOURCE, 0, index))
                 for index, raw in enumerate(upsert.documents)
             ]
-            with self._admitted(model, body):
+            with self._admitted(model, upsert.documents):
                 failed = await self._process(records)
             results = [
                 _outcome(index, _document_id(raw), failed.get(index), "upserted")
@@ -185,11 +186,23 @@ class CollectionDocuments:
             raise InvalidRequest(f"the body nests too deeply; send {expected}") from exc
 
     @contextlib.contextmanager
-    def _admitted(self, model: str, body: bytes) -> Iterator[None]:
+    def _admitted(self, model: str, documents: Sequence[msgspec.Raw]) -> Iterator[None]:
         gateway = self.gateway
         budget = f"{model} (documents)"  # a budget apart from the model's online requests
-        with gateway.admission.admit(budget, math.ceil(len(body) / gateway.config.bytes_per_token)):
+        tokens = sum(self._tokens(bytes(raw)) for raw in documents)
+        with gateway.admission.admit(budget, tokens):
             yield
+
+    def _tokens(self, raw: bytes) -> int:
+        """A text document by its size; a scanned one (``document``) by its pages, as
+        /v1/ocr counts it: its base64 is no measure of the text it holds."""
+        config = self.gateway.config
+        if b'"document"' in raw:
+            with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
+                routing = msgspec.json.decode(raw, type=ocr_api.Routing)
+                if routing.document is not None:
+                    return ocr_api.estimate_tokens(routing, len(raw), config.ocr_max_pages)
+        return math.ceil(len(raw) / config.bytes_per_token)
 
     @staticmethod
     @contextlib.contextmanager
