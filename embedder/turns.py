@@ -66,8 +66,8 @@ class DeviceTurns:
         """From the thread doing ``owner``'s turn: if another loop waits, let it run now
         and return when the device is back. Costs an attribute read when nobody waits."""
         loop = self._loop
-        if self._asking == 0 or loop is None or loop.is_closed():
-            return
+        if self._asking == 0 or loop is None or not loop.is_running():
+            return  # nobody waits, or no loop is left to hand the device back
         back = threading.Event()
         try:
             loop.call_soon_threadsafe(self._lend, owner, deadline, back)
