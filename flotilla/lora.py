@@ -17,18 +17,35 @@ from lora.train import FORWARD_TOKENS, BaseModelRef
 
 
 def data_gesetze(
-    src: Path, out: Path, *, eval_fraction: float, seed: int, eval_laws: Sequence[str]
+    src: Path,
+    out: Path,
+    *,
+    eval_fraction: float,
+    seed: int,
+    eval_laws: Sequence[str],
+    eval_only: bool = False,
 ) -> dict[str, object]:
     laws = read_laws(src)
     if not laws:
         raise SystemExit(f"no laws (*.md) in {src}")
     summary = write_sets(
-        laws, out, eval_fraction=eval_fraction, seed=seed, eval_laws=eval_laws, source=str(src)
+        laws,
+        out,
+        eval_fraction=eval_fraction,
+        seed=seed,
+        eval_laws=eval_laws,
+        eval_only=eval_only,
+        source=str(src),
+    )
+    training = (
+        "no training pairs (--eval-only)\n"
+        if eval_only
+        else f"{summary['train_pairs']} training pairs from {len(summary['train_laws'])} laws "
+        f"-> {out / 'train.jsonl'}\n"
     )
     print(
-        f"{summary['train_pairs']} training pairs from {len(summary['train_laws'])} laws -> "
-        f"{out / 'train.jsonl'}\n"
-        f"evaluation on {', '.join(summary['eval_laws'])}: {summary['corpus']} passages, "
+        training
+        + f"evaluation on {', '.join(summary['eval_laws'])}: {summary['corpus']} passages, "
         f"{summary['queries']} queries -> {out}/corpus.jsonl, queries.jsonl, qrels.tsv\n"
         f"dropped {sum(summary['sections_dropped'].values())} sections (repealed, untitled "
         "or empty)"
