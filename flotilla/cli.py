@@ -507,7 +507,9 @@ def lora_data_gesetze(
 
 
 @lora_app.command("train")
-@settings_flags(MODELS | set(TrainConfig.model_fields) | set(Prices.model_fields), LoraSettings)
+@settings_flags(
+    MODELS | PROGRESS | set(TrainConfig.model_fields) | set(Prices.model_fields), LoraSettings
+)
 def lora_train(
     settings: LoraSettings,
     base: Annotated[

@@ -89,6 +89,7 @@ def train(settings: LoraSettings, base: str, pairs: Path, out: Path, *, resume: 
         device=device,
         threads=settings.threads,
         resume=resume,
+        progress_interval_s=settings.progress_interval_s,
     )
     print(summary(manifest, out))
     return manifest

@@ -22,13 +22,14 @@ import itertools
 import math
 import random
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import numpy as np
 import torch
@@ -58,6 +59,7 @@ from lora.manifest import (
     write_manifest,
 )
 from lora.pairs import file_sha256
+from lora.progress import StepLines
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "trainer_state.pt"
@@ -326,6 +328,8 @@ def train(
     threads: int = 0,
     resume: bool = False,
     show_progress: bool = True,
+    progress_interval_s: float = 5.0,
+    progress_stream: TextIO | None = None,
 ) -> Manifest:
     """Train an adapter on ``pairs_path`` and write it, with its manifest, to ``out``."""
     started = (time.perf_counter(), time.process_time())
@@ -366,7 +370,20 @@ def train(
     encode.tokens, encode.padded_tokens = state.tokens, state.padded_tokens
     autocast = _autocast_dtype(config, torch_device)
     every = config.train_checkpoint_steps
-    with _progress_bar(not show_progress) as bar:
+    stream = progress_stream if progress_stream is not None else sys.stderr
+    on_terminal = stream.isatty()
+    lines = (
+        StepLines(
+            f"LoRA r={config.lora_rank}",
+            total,
+            interval_s=progress_interval_s,
+            start_step=state.step,
+            stream=stream,
+        )
+        if show_progress and not on_terminal
+        else None
+    )
+    with _progress_bar(not (show_progress and on_terminal)) as bar:
         task = bar.add_task(f"LoRA r={config.lora_rank}", total=total, loss="-", rate="")
         bar.update(task, completed=state.step)
         while state.epoch < config.train_epochs and state.step < total:
@@ -404,6 +421,8 @@ def train(
                     loss=f"{value:.3f}",
                     rate=f"{state.tokens / state.train_s:,.0f} tok/s",
                 )
+                if lines is not None:
+                    lines.update(state.step, value)
                 if every and state.step % every == 0:
                     _save_checkpoint(
                         checkpoint, peft_model, optimizer, scheduler, state, key, started
@@ -411,6 +430,8 @@ def train(
             state.epoch, state.batch = state.epoch + 1, 0
             _save_checkpoint(checkpoint, peft_model, optimizer, scheduler, state, key, started)
 
+    if lines is not None:
+        lines.close()
     model.eval()
     peft_model.save_pretrained(str(out))
     (out / "README.md").unlink(missing_ok=True)  # peft's model-card stub; the manifest says more

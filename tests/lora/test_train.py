@@ -4,6 +4,7 @@ uninterrupted one does."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -157,8 +158,10 @@ def test_training_prefixes_the_base_models_prompts(
             return real_call(self, texts)
 
         monkeypatch.setattr(lora.train._Encoder, "__call__", recording)
+        log = io.StringIO()  # not a terminal: plain lines, the last one at the end
         manifest = train(BaseModelRef(tmp_path / "e5-like"), pairs, tmp_path / "out",
-                         config(train_max_steps=1), Prices(), show_progress=False)  # fmt: skip
+                         config(train_max_steps=1), Prices(), progress_stream=log)  # fmt: skip
+    assert log.getvalue().startswith("LoRA r=4: step 1/1 (100%), loss ")
     assert manifest.training.prompts == {"query": "query: ", "passage": "passage: "}
     queries, passages = seen[:8], seen[8:16]
     assert all(q.startswith("query: ") for q in queries)
