@@ -107,8 +107,8 @@ def summary(m: Manifest, out: Path) -> str:
         [
             f"adapter: {out} (rank {m.adapter.rank}, {m.training.steps} steps over "
             f"{m.training.pairs} pairs, {m.training.epochs} epoch(s))",
-            f"loss {m.metrics.loss_first:.3f} -> {m.metrics.loss_last:.3f}; in-batch accuracy "
-            f"{m.metrics.accuracy_last:.2f}",
+            f"loss {m.metrics.loss_first:.3f} -> {m.metrics.loss_last:.3f} "
+            f"({m.training.loss}); peak memory {measured.peak_rss_bytes / 2**30:.2f} GiB resident",
             f"measured: {measured.wall_s:.1f} s wall ({measured.train_s:.1f} s training) on "
             f"{measured.device} ({measured.device_name}, {measured.threads} threads); "
             f"{measured.tokens:,} tokens at {measured.tokens_per_s:,.0f} tokens/s "
