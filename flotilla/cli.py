@@ -479,11 +479,20 @@ def lora_data_gesetze(
         str, typer.Option(help="Hold out these laws (file stems, comma-separated) instead.")
     ] = "",
     seed: Annotated[int, typer.Option(help="Seeds the choice of held-out laws.")] = 0,
+    eval_only: Annotated[
+        bool,
+        typer.Option(
+            "--eval-only",
+            help="Hold nothing for training: every law (or those of --eval-laws) becomes "
+            "the evaluation set; no train.jsonl.",
+        ),
+    ] = False,
 ) -> None:
     """Heading -> body pairs from German laws, split by whole laws.
 
     Pairs of the training laws go to train.jsonl; the held-out laws become the evaluation
-    set (corpus.jsonl, queries.jsonl, qrels.tsv)."""
+    set (corpus.jsonl, queries.jsonl, qrels.tsv). --eval-only builds the evaluation set
+    alone, for laws an adapter trained elsewhere never saw."""
     from flotilla.lora import data_gesetze
     from lora.pairs import SplitError
 
@@ -491,13 +500,17 @@ def lora_data_gesetze(
         raise typer.BadParameter(f"{src} is not a folder", param_hint="'--src'")
     names = [name.strip().lower() for name in eval_laws.split(",") if name.strip()]
     try:
-        data_gesetze(src, out, eval_fraction=eval_fraction, seed=seed, eval_laws=names)
+        data_gesetze(
+            src, out, eval_fraction=eval_fraction, seed=seed, eval_laws=names, eval_only=eval_only
+        )
     except SplitError as exc:
         raise typer.BadParameter(str(exc)) from exc
 
 
 @lora_app.command("train")
-@settings_flags(MODELS | set(TrainConfig.model_fields) | set(Prices.model_fields), LoraSettings)
+@settings_flags(
+    MODELS | PROGRESS | set(TrainConfig.model_fields) | set(Prices.model_fields), LoraSettings
+)
 def lora_train(
     settings: LoraSettings,
     base: Annotated[

@@ -17,18 +17,35 @@ from lora.train import FORWARD_TOKENS, BaseModelRef
 
 
 def data_gesetze(
-    src: Path, out: Path, *, eval_fraction: float, seed: int, eval_laws: Sequence[str]
+    src: Path,
+    out: Path,
+    *,
+    eval_fraction: float,
+    seed: int,
+    eval_laws: Sequence[str],
+    eval_only: bool = False,
 ) -> dict[str, object]:
     laws = read_laws(src)
     if not laws:
         raise SystemExit(f"no laws (*.md) in {src}")
     summary = write_sets(
-        laws, out, eval_fraction=eval_fraction, seed=seed, eval_laws=eval_laws, source=str(src)
+        laws,
+        out,
+        eval_fraction=eval_fraction,
+        seed=seed,
+        eval_laws=eval_laws,
+        eval_only=eval_only,
+        source=str(src),
+    )
+    training = (
+        "no training pairs (--eval-only)\n"
+        if eval_only
+        else f"{summary['train_pairs']} training pairs from {len(summary['train_laws'])} laws "
+        f"-> {out / 'train.jsonl'}\n"
     )
     print(
-        f"{summary['train_pairs']} training pairs from {len(summary['train_laws'])} laws -> "
-        f"{out / 'train.jsonl'}\n"
-        f"evaluation on {', '.join(summary['eval_laws'])}: {summary['corpus']} passages, "
+        training
+        + f"evaluation on {', '.join(summary['eval_laws'])}: {summary['corpus']} passages, "
         f"{summary['queries']} queries -> {out}/corpus.jsonl, queries.jsonl, qrels.tsv\n"
         f"dropped {sum(summary['sections_dropped'].values())} sections (repealed, untitled "
         "or empty)"
@@ -72,6 +89,7 @@ def train(settings: LoraSettings, base: str, pairs: Path, out: Path, *, resume: 
         device=device,
         threads=settings.threads,
         resume=resume,
+        progress_interval_s=settings.progress_interval_s,
     )
     print(summary(manifest, out))
     return manifest
@@ -89,8 +107,8 @@ def summary(m: Manifest, out: Path) -> str:
         [
             f"adapter: {out} (rank {m.adapter.rank}, {m.training.steps} steps over "
             f"{m.training.pairs} pairs, {m.training.epochs} epoch(s))",
-            f"loss {m.metrics.loss_first:.3f} -> {m.metrics.loss_last:.3f}; in-batch accuracy "
-            f"{m.metrics.accuracy_last:.2f}",
+            f"loss {m.metrics.loss_first:.3f} -> {m.metrics.loss_last:.3f} "
+            f"({m.training.loss}); peak memory {measured.peak_rss_bytes / 2**30:.2f} GiB resident",
             f"measured: {measured.wall_s:.1f} s wall ({measured.train_s:.1f} s training) on "
             f"{measured.device} ({measured.device_name}, {measured.threads} threads); "
             f"{measured.tokens:,} tokens at {measured.tokens_per_s:,.0f} tokens/s "

@@ -58,6 +58,19 @@ class TrainConfig(BaseModel):
         "e5's own training temperature (0.01); sentence-transformers' "
         "MultipleNegativesRankingLoss uses 20.",
     )
+    train_loss: Literal["mnrl", "cached_mnrl"] = Field(
+        default="mnrl",
+        description="The contrastive loss over in-batch negatives: 'mnrl' "
+        "(MultipleNegativesRankingLoss) embeds a whole batch with gradients at once; "
+        "'cached_mnrl' (GradCache) embeds it in mini-batches and holds the memory of one, "
+        "for large batches at small memory, at about a third more compute.",
+    )
+    train_mini_batch_size: int = Field(
+        default=8,
+        ge=1,
+        description="Texts per embedding mini-batch of 'cached_mnrl' (also cut at the "
+        "profile's forward_tokens); smaller holds less memory, larger runs faster.",
+    )
     train_seed: int = Field(default=0, description="Seeds weights, shuffling and dropout.")
     train_autocast: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",

@@ -53,6 +53,8 @@ class TrainingRecord:
     seed: int
     autocast: str
     prompts: dict[str, str]  # the base model's query/passage prompts, applied in training
+    loss: str  # "mnrl" or "cached_mnrl"
+    mini_batch_size: int  # of the cached loss
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +62,6 @@ class TrainMetrics:
     loss_first: float  # the first step's loss: about ln(batch size) for an untrained task
     loss_last: float  # mean over the last tenth of the steps
     loss_per_epoch: list[float]
-    accuracy_last: float  # share of queries whose own passage scored best in its batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,10 @@ class Measured:
     # with the contention, a steadier measure of the work a core does
     tokens_per_core_s: float
     pairs_per_s: float
+    # the process's resident-memory high-water mark (getrusage), loading included; in a
+    # process that ran other work first, theirs too
+    peak_rss_bytes: int
+    peak_device_bytes: int | None  # torch.cuda.max_memory_allocated on a GPU
 
 
 @dataclass(frozen=True, slots=True)

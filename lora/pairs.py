@@ -39,6 +39,7 @@ def split_laws(
     eval_fraction: float,
     seed: int,
     eval_laws: Sequence[str] = (),
+    eval_only: bool = False,
 ) -> Split:
     """Laws (slug -> number of sections) into train and evaluation sides.
 
@@ -46,6 +47,10 @@ def split_laws(
     with ``seed`` and each one joins the evaluation side if that brings its share of
     sections closer to ``eval_fraction``; both sides keep at least one law. Laws
     without sections take no side.
+
+    ``eval_only`` holds nothing for training: the evaluation side is ``eval_laws``, or
+    every law with sections when none is named (a set that measures an adapter,
+    trained elsewhere, on laws it never saw).
     """
     laws = sorted(slug for slug, n in sizes.items() if n > 0)
     if eval_laws:
@@ -53,10 +58,21 @@ def split_laws(
         if unknown:
             raise SplitError(f"unknown laws {unknown}; the laws are {sorted(sizes)}")
         chosen = sorted(set(eval_laws) & set(laws))
-        train = tuple(slug for slug in laws if slug not in chosen)
-        if not chosen or not train:
-            raise SplitError("both sides of the split need a law with sections")
+        train: tuple[str, ...] = ()
+        if not eval_only:
+            train = tuple(slug for slug in laws if slug not in chosen)
+        if not chosen:
+            raise SplitError(f"none of the laws {sorted(set(eval_laws))} has a section")
+        if not train and not eval_only:
+            raise SplitError(
+                "both sides of the split need a law with sections; to hold every named "
+                "law out for evaluation, with nothing for training, pass --eval-only"
+            )
         return Split(train, tuple(chosen))
+    if eval_only:
+        if not laws:
+            raise SplitError("no law has a section to evaluate on")
+        return Split((), tuple(laws))
     if len(laws) < 2:
         raise SplitError(f"splitting by law needs two laws with sections, found {laws}")
     if not 0 < eval_fraction < 1:
@@ -117,10 +133,13 @@ def write_sets(
     eval_fraction: float = 0.2,
     seed: int = 0,
     eval_laws: Sequence[str] = (),
+    eval_only: bool = False,
     source: str = "",
 ) -> dict[str, Any]:
     """Write train.jsonl, corpus.jsonl, queries.jsonl, qrels.tsv and split.json under
-    ``out``; returns what split.json holds."""
+    ``out``; returns what split.json holds. With ``eval_only`` there is no train.jsonl
+    (one left from an earlier run in ``out`` is removed: split.json must describe the
+    folder as it is)."""
     by_slug = {law.slug: law for law in laws}
     if len(by_slug) != len(laws):
         raise SplitError("two laws share a slug (file name)")
@@ -129,13 +148,18 @@ def write_sets(
         eval_fraction=eval_fraction,
         seed=seed,
         eval_laws=eval_laws,
+        eval_only=eval_only,
     )
     out.mkdir(parents=True, exist_ok=True)
     pairs = train_pairs([by_slug[slug] for slug in split.train])
-    write_jsonl(
-        out / "train.jsonl",
-        ({"query": p.query, "positive": p.positive, "id": p.id, "law": p.law} for p in pairs),
-    )
+    train_file = out / "train.jsonl"
+    if eval_only:
+        train_file.unlink(missing_ok=True)
+    else:
+        write_jsonl(
+            train_file,
+            ({"query": p.query, "positive": p.positive, "id": p.id, "law": p.law} for p in pairs),
+        )
     held_out = retrieval_set([by_slug[slug] for slug in split.eval])
     write_jsonl(
         out / "corpus.jsonl",
@@ -149,12 +173,13 @@ def write_sets(
     summary: dict[str, Any] = {
         "source": source,
         "seed": seed,
-        "eval_fraction": eval_fraction,
+        "eval_fraction": None if eval_only else eval_fraction,
+        "eval_only": eval_only,
         "train_laws": list(split.train),
         "eval_laws": list(split.eval),
         "unused_laws": sorted(set(by_slug) - set(split.train) - set(split.eval)),
         "train_pairs": len(pairs),
-        "train_sha256": file_sha256(out / "train.jsonl"),
+        "train_sha256": None if eval_only else file_sha256(train_file),
         "corpus": len(held_out.corpus),
         "queries": len(held_out.queries),
         "judgements": sum(len(v) for v in held_out.qrels.values()),

@@ -125,7 +125,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     # flotilla.lora.train: resolve_base() through the fleet, the device and threads it
     # trains on, the training knobs, and every price (whichever device it ran on).
     ("lora", "train"): frozenset(
-        {"fleet", "model_cache_dir", "device", "threads"}
+        {"fleet", "model_cache_dir", "device", "threads", "progress_interval_s"}
         | set(TrainConfig.model_fields)
         | set(Prices.model_fields)
     ),

@@ -35,6 +35,25 @@ def test_data_gesetze_writes_the_sets(runner: CliRunner, tmp_path: Path) -> None
         assert (out / name).is_file()
 
 
+def test_data_gesetze_eval_only_names_every_law(runner: CliRunner, tmp_path: Path) -> None:
+    laws = write_laws(tmp_path / "laws")
+    out = tmp_path / "set"
+    every = "turlg,tkschg,tverf"
+    refused = runner.invoke(
+        app, ["lora", "data", "gesetze", "--src", str(laws), "--out", str(out),
+              "--eval-laws", every],
+    )  # fmt: skip
+    assert refused.exit_code == 2 and "--eval-only" in refused.output
+    result = runner.invoke(
+        app, ["lora", "data", "gesetze", "--src", str(laws), "--out", str(out),
+              "--eval-laws", every, "--eval-only"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "no training pairs" in result.output
+    assert "evaluation on tkschg, turlg, tverf: 8 passages" in result.output
+    assert not (out / "train.jsonl").exists() and (out / "qrels.tsv").is_file()
+
+
 def test_data_gesetze_refuses_what_it_cannot_split(runner: CliRunner, tmp_path: Path) -> None:
     laws = write_laws(tmp_path / "laws")
     result = runner.invoke(

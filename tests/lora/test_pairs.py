@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lora.batches import batches
 from lora.dataset import Pair, read_corpus, read_pairs, read_qrels, read_queries
 from lora.gesetze import read_laws
-from lora.pairs import SplitError, split_laws, write_sets
+from lora.pairs import Split, SplitError, split_laws, write_sets
 from tests.lora.laws import write_laws
 
 sizes = st.dictionaries(
@@ -50,6 +50,36 @@ def test_named_eval_laws() -> None:
         split_laws({"a": 1, "b": 2}, eval_fraction=0.5, seed=0, eval_laws=["x"])
     with pytest.raises(SplitError, match="both sides"):
         split_laws({"a": 1, "b": 2}, eval_fraction=0.5, seed=0, eval_laws=["a", "b"])
+
+
+def test_eval_only_holds_nothing_for_training() -> None:
+    sizes = {"a": 1, "b": 2, "c": 0}
+    assert split_laws(sizes, eval_fraction=0.5, seed=0, eval_only=True) == Split((), ("a", "b"))
+    named = split_laws(sizes, eval_fraction=0.5, seed=0, eval_laws=["a", "b"], eval_only=True)
+    assert named == Split((), ("a", "b"))
+    assert split_laws(sizes, eval_fraction=0.5, seed=0, eval_laws=["b"], eval_only=True) == Split(
+        (), ("b",)
+    )
+    with pytest.raises(SplitError, match="has a section"):
+        split_laws(sizes, eval_fraction=0.5, seed=0, eval_laws=["c"], eval_only=True)
+    with pytest.raises(SplitError, match="no law"):
+        split_laws({"c": 0}, eval_fraction=0.5, seed=0, eval_only=True)
+
+
+def test_eval_only_sets_hold_every_law_and_no_training_file(tmp_path: Path) -> None:
+    laws = read_laws(write_laws(tmp_path / "laws"))
+    out = tmp_path / "set"
+    write_sets(laws, out, eval_laws=["turlg"])  # an earlier run's train.jsonl
+    assert (out / "train.jsonl").is_file()
+    summary = write_sets(laws, out, eval_only=True)
+    assert not (out / "train.jsonl").exists()
+    assert summary["train_laws"] == [] and summary["train_pairs"] == 0
+    assert summary["eval_laws"] == ["tkschg", "turlg", "tverf"]
+    assert summary["eval_only"] is True and summary["train_sha256"] is None
+    corpus = read_corpus(out / "corpus.jsonl")
+    assert len(corpus) == sum(len(law.sections) for law in laws) == summary["corpus"]
+    assert set(read_qrels(out / "qrels.tsv")) == set(read_queries(out / "queries.jsonl"))
+    assert json.loads((out / "split.json").read_text())["eval_only"] is True
 
 
 def test_written_sets(tmp_path: Path) -> None:

@@ -4,14 +4,19 @@ uninterrupted one does."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from sentence_transformers.sentence_transformer.data_collator import (
+    SentenceTransformerDataCollator as Collator,
+)
 
-import lora.train
+from lora.callbacks import CountingTrainer
 from lora.config import Prices, TrainConfig
 from lora.dataset import write_jsonl
 from lora.manifest import MANIFEST_NAME, weights_sha256
@@ -101,6 +106,22 @@ def test_training_writes_an_adapter_that_changes_embeddings(
         cost["device_seconds"] / 3600 * Prices().price_cpu_core_hour_usd
     )
     assert set(written["versions"]) >= {"torch", "transformers", "peft"}
+    assert measured["peak_rss_bytes"] > 2**20 and measured["peak_device_bytes"] is None
+    assert written["training"]["loss"] == "mnrl"
+
+
+def test_the_cached_loss_trains_the_same_adapter_shape(
+    tiny: Path, pairs: Path, tmp_path: Path
+) -> None:
+    knobs = config(train_loss="cached_mnrl", train_mini_batch_size=2, train_max_steps=2)
+    with hub_offline():
+        manifest = train(BaseModelRef(tiny), pairs, tmp_path / "cached", knobs, Prices(),
+                         show_progress=False)  # fmt: skip
+        texts = ["Urlaub 1", "Die Regeln über Miete im Fall 3 und 21."]
+        before, after = embed(tiny, None, texts), embed(tiny, tmp_path / "cached", texts)
+    assert manifest.training.loss == "cached_mnrl" and manifest.training.steps == 2
+    assert manifest.measured.tokens > 0 and manifest.metrics.loss_first > 0
+    assert not np.allclose(before, after, atol=1e-4)
 
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(
@@ -113,26 +134,29 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(
         whole = train(BaseModelRef(tiny), pairs, tmp_path / "whole", knobs, Prices(),
                       show_progress=False)  # fmt: skip
 
-        real_loss = lora.train.contrastive_loss
+        real_loss = CountingTrainer.compute_loss
         calls = 0
 
-        def crash_at_step_8(*args: object, **kwargs: object) -> object:
+        def crash_at_step_8(self: CountingTrainer, *args: Any, **kwargs: Any) -> object:
             nonlocal calls
             calls += 1
             if calls == 8:
                 raise KeyboardInterrupt
-            return real_loss(*args, **kwargs)  # type: ignore[arg-type]
+            return real_loss(self, *args, **kwargs)
 
-        monkeypatch.setattr(lora.train, "contrastive_loss", crash_at_step_8)
+        monkeypatch.setattr(CountingTrainer, "compute_loss", crash_at_step_8)
         with pytest.raises(KeyboardInterrupt):
             train(BaseModelRef(tiny), pairs, tmp_path / "resumed", knobs, Prices(),
                   show_progress=False)  # fmt: skip
-        assert (tmp_path / "resumed" / "checkpoint").is_dir()
-        monkeypatch.setattr(lora.train, "contrastive_loss", real_loss)
+        assert (tmp_path / "resumed" / "checkpoints").is_dir()
+        monkeypatch.setattr(CountingTrainer, "compute_loss", real_loss)
         resumed = train(BaseModelRef(tiny), pairs, tmp_path / "resumed", knobs, Prices(),
                         resume=True, show_progress=False)  # fmt: skip
 
     assert resumed.training.steps == whole.training.steps
+    # the counts of the run before the crash came back with its checkpoint
+    assert resumed.measured.tokens == whole.measured.tokens
+    assert len(resumed.metrics.loss_per_epoch) == 2
     a = load_file(str(tmp_path / "whole" / "adapter_model.safetensors"))
     b = load_file(str(tmp_path / "resumed" / "adapter_model.safetensors"))
     assert a.keys() == b.keys()
@@ -149,35 +173,38 @@ def test_training_prefixes_the_base_models_prompts(
         model = SentenceTransformer(str(tiny), device="cpu")
         model.prompts = {"query": "query: ", "document": "passage: "}
         model.save(str(tmp_path / "e5-like"))
-        seen: list[str] = []
-        real_call = lora.train._Encoder.__call__
+        seen: list[dict[str, Any]] = []
+        real_call = Collator.__call__
 
-        def recording(self: lora.train._Encoder, texts: list[str]) -> torch.Tensor:
-            seen.extend(texts)
-            return real_call(self, texts)
+        def recording(self: Collator, features: list[dict[str, Any]]) -> object:
+            seen.extend(features)
+            return real_call(self, features)
 
-        monkeypatch.setattr(lora.train._Encoder, "__call__", recording)
+        monkeypatch.setattr(Collator, "__call__", recording)
+        log = io.StringIO()  # not a terminal: plain lines, the last one at the end
         manifest = train(BaseModelRef(tmp_path / "e5-like"), pairs, tmp_path / "out",
-                         config(train_max_steps=1), Prices(), show_progress=False)  # fmt: skip
+                         config(train_max_steps=1), Prices(), progress_stream=log)  # fmt: skip
+    assert log.getvalue().startswith("LoRA r=4: step 1/1 (100%), loss ")
     assert manifest.training.prompts == {"query": "query: ", "passage": "passage: "}
-    queries, passages = seen[:8], seen[8:16]
-    assert all(q.startswith("query: ") for q in queries)
-    assert all(p.startswith("passage: Die Regeln") for p in passages)
+    assert len(seen) >= 8
+    assert all(row["query"].startswith("query: ") for row in seen)
+    assert all(row["positive"].startswith("passage: Die Regeln") for row in seen)
 
 
-def test_passes_sorted_by_length_give_the_embeddings_of_one_padded_pass(tiny: Path) -> None:
+def test_batches_are_tokenized_as_serving_tokenizes(tiny: Path) -> None:
     from sentence_transformers import SentenceTransformer
 
     with hub_offline():
-        model = SentenceTransformer(str(tiny), device="cpu").eval()
-    texts = ["kurz", "ein etwas längerer Satz über Miete", "mittel lang hier", "x " * 30]
-    cpu = torch.device("cpu")
-    one_pass = lora.train._Encoder(model, 32, cpu, forward_tokens=10_000)
-    sorted_passes = lora.train._Encoder(model, 32, cpu, forward_tokens=40)
-    with torch.no_grad():
-        torch.testing.assert_close(sorted_passes(texts), one_pass(texts), atol=1e-5, rtol=1e-4)
-    assert sorted_passes.tokens == one_pass.tokens
-    assert sorted_passes.padded_tokens < one_pass.padded_tokens
+        model = SentenceTransformer(str(tiny), device="cpu")
+    model.max_seq_length = 8  # what train() sets from train_max_seq_tokens
+    rows = [{"query": "kurz", "positive": "ein etwas längerer Satz über die Miete " * 3}]
+    rows.append({"query": "mittel lang hier", "positive": "x"})
+    batch = Collator(preprocess_fn=model.preprocess)(rows)
+    # the model's own tokenizer, cut where serving cuts it
+    expected = model.tokenizer([r["positive"] for r in rows], truncation=True, max_length=8)
+    for row, ids in enumerate(expected["input_ids"]):
+        assert batch["positive_input_ids"][row][: len(ids)].tolist() == ids
+        assert int(batch["positive_attention_mask"][row].sum()) == len(ids)
 
 
 def test_prompt_names_follow_sentence_transformers() -> None:
