@@ -18,9 +18,9 @@ from numpy.typing import NDArray
 from embedder.errors import InvalidRequest, LimitExceeded
 from embedder.fleet import PromptUse
 from embedder.jobs import ApiShape, TruncationSide
-from embedder.rawjson import check_depth
+from embedder.rawjson import check_depth, decode_struct
 
-_B = TypeVar("_B")
+_B = TypeVar("_B", bound=msgspec.Struct)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +110,7 @@ class _CohereRerank(msgspec.Struct):
 
 def _decode(body: bytes, kind: type[_B]) -> _B:
     check_depth(body)  # the gateway checked already; a job may come from any queue
-    try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise InvalidRequest(f"invalid request body: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
-    except RecursionError:  # a deeper stack than the depth check allows for
-        raise InvalidRequest("the request body nests too deep to decode") from None
+    return decode_struct(body, kind)
 
 
 def _holds_token_ids(body: bytes) -> bool:
