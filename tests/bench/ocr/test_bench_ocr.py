@@ -39,10 +39,11 @@ def test_rapidocr_s_answer_becomes_lines_with_boxes() -> None:
 
 @pytest.mark.slow
 def test_a_smoke_run_of_the_rapidocr_side_reads_the_pages_and_writes_results(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gesetze: Path
 ) -> None:
     monkeypatch.setattr(report, "RESULTS", tmp_path)
-    result = ocr.main(["--sides", "rapidocr", "--pages", "2", "--warmup", "0", "--threads", "2"])
+    args = ["--sides", "rapidocr", "--pages", "2", "--warmup", "0", "--threads", "2"]
+    result = ocr.main([*args, "--gesetze", str(gesetze)])
     (row,) = result["rows"]
     assert (row["side"], row["ok"], row["requests"], row["x_rapidocr"]) == ("rapidocr", 2, 2, 1.0)
     assert row["pages_per_s"] > 0 and row["latency_ms"]["p50"] > 0
@@ -51,5 +52,5 @@ def test_a_smoke_run_of_the_rapidocr_side_reads_the_pages_and_writes_results(
     assert set(row["cer"]["language"]) == {"de", "en"}
     written = json.loads((tmp_path / "ocr.json").read_text(encoding="utf-8"))
     assert written["machine"]["cpu"] and written["machine"]["rapidocr-onnxruntime"] == "1.4.4"
-    assert written["set"]["ids"] == [s.id for s in pageset.build(2)]
+    assert written["set"]["ids"] == [s.id for s in pageset.build(2, gesetze=gesetze)]
     assert "CER de" in (tmp_path / "ocr.txt").read_text(encoding="utf-8")

@@ -23,8 +23,8 @@ from bench.ocr_sides.results import summarize
 
 
 @pytest.fixture(scope="module")
-def pages() -> list[Sample]:
-    return pageset.build(5, seed=0)  # page 4 is noisy: the test server refuses it
+def pages(gesetze: Path) -> list[Sample]:
+    return pageset.build(5, seed=0, gesetze=gesetze)  # page 4 is noisy: the test server refuses it
 
 
 def answer(sample: Sample) -> dict[str, object]:

@@ -16,14 +16,10 @@ from PIL import Image, ImageDraw, ImageFont
 from bench.ocr_data import corpus, degrade, fonts, pageset
 from bench.ocr_data.pageset import Sample
 
-GESETZE = pageset.DEFAULT_GESETZE
-
 
 @pytest.fixture(scope="module")
-def pages() -> list[Sample]:
-    if not GESETZE.is_dir():
-        pytest.fail(f"the German laws are not at {GESETZE} (run from the repo root)")
-    return pageset.build(12, seed=0)
+def pages(gesetze: Path) -> list[Sample]:
+    return pageset.build(12, seed=0, gesetze=gesetze)
 
 
 def pixels(sample: Sample) -> np.ndarray:
@@ -41,30 +37,32 @@ def test_every_font_draws_the_german_letters_not_a_missing_glyph_box() -> None:
 
 
 def test_the_same_seed_gives_the_same_pages_and_a_longer_set_starts_with_them(
-    pages: list[Sample],
+    pages: list[Sample], gesetze: Path
 ) -> None:
-    again = pageset.build(12, seed=0)
+    again = pageset.build(12, seed=0, gesetze=gesetze)
     assert [s.truth() for s in again] == [s.truth() for s in pages]
     assert [s.png for s in again] == [s.png for s in pages]
-    assert pageset.build(3, seed=0) == pages[:3]
-    other = pageset.build(3, seed=1)
+    assert pageset.build(3, seed=0, gesetze=gesetze) == pages[:3]
+    other = pageset.build(3, seed=1, gesetze=gesetze)
     assert [s.png for s in other] != [s.png for s in pages[:3]]
     assert [s.text for s in other] != [s.text for s in pages[:3]]
 
 
-def test_twelve_pages_hold_every_condition_in_both_languages(pages: list[Sample]) -> None:
+def test_twelve_pages_hold_every_condition_in_both_languages(
+    pages: list[Sample], gesetze: Path
+) -> None:
     combos = Counter((s.language, s.condition) for s in pages)
     assert set(combos) == {(lang, c) for lang in corpus.LANGUAGES for c in pageset.CONDITIONS}
     assert {s.layout for s in pages} == {"page", "receipt"}
-    assert {s.layout for s in pageset.build(24)[12:]} == {"page", "two-column"}
+    assert {s.layout for s in pageset.build(24, gesetze=gesetze)[12:]} == {"page", "two-column"}
     assert all(s.font in fonts.FONTS and s.size_px in pageset.SIZES_PX for s in pages)
 
 
-def test_the_text_is_what_the_sources_hold(pages: list[Sample]) -> None:
+def test_the_text_is_what_the_sources_hold(pages: list[Sample], gesetze: Path) -> None:
     german = [s for s in pages if s.language == "de" and s.layout == "page"]
     assert all(s.lines[0].text.startswith("§") for s in german)  # the section's heading
     assert any(ch in s.text for s in german for ch in "äöüß")
-    by_id = {p.source: p for p in corpus.german(GESETZE)}
+    by_id = {p.source: p for p in corpus.german(gesetze)}
     for s in german:
         body = " ".join(by_id[s.source].paragraphs)
         assert " ".join(line.text for line in s.lines[1:]) in body  # drawn in order, maybe cut
@@ -89,8 +87,8 @@ def test_a_receipt_lists_items_with_prices_and_their_sum(pages: list[Sample]) ->
         assert max(price_right) - min(price_right) <= 2  # prices right-aligned
 
 
-def test_two_columns_are_read_down_the_left_then_down_the_right() -> None:
-    page = pageset.sample(0, 22)
+def test_two_columns_are_read_down_the_left_then_down_the_right(gesetze: Path) -> None:
+    page = pageset.sample(0, 22, gesetze)
     assert page.layout == "two-column"
     body = page.lines[1:]  # the heading spans the page
     lefts = [line.box[0] for line in body]
@@ -135,8 +133,8 @@ def grey_share(image: np.ndarray) -> float:
     return float(((image > 60) & (image < 180)).mean())
 
 
-def test_each_condition_degrades_a_page_the_way_it_is_named() -> None:
-    page = pageset.sample(0, 0)
+def test_each_condition_degrades_a_page_the_way_it_is_named(gesetze: Path) -> None:
+    page = pageset.sample(0, 0, gesetze)
     assert page.condition == "clean"
     with Image.open(io.BytesIO(page.png)) as opened:
         image = opened.convert("RGB")
