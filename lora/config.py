@@ -71,6 +71,34 @@ class TrainConfig(BaseModel):
         description="Texts per embedding mini-batch of 'cached_mnrl' (also cut at the "
         "profile's forward_tokens); smaller holds less memory, larger runs faster.",
     )
+    train_negatives: int = Field(
+        default=0,
+        ge=0,
+        description="Hard negatives mined per query, fed to the loss beside the in-batch "
+        "ones (0: in-batch only). Each adds a passage to every row: more signal per step, "
+        "about (2 + N) / 2 times the compute and memory of a step.",
+    )
+    train_negatives_from: Literal["model", "bm25", "both"] = Field(
+        default="model",
+        description="What ranks the candidates: 'model' (the base, with serving's prompts: "
+        "the passages it confuses), 'bm25' (lexical look-alikes, no model pass), or 'both' "
+        "(taken in turn).",
+    )
+    train_negatives_margin: float = Field(
+        default=0.01,
+        ge=0,
+        lt=1,
+        description="A candidate scoring above the positive's score less this share of it "
+        "is taken for a false negative and dropped; larger drops more, hard negatives "
+        "included. e5's cosines sit close together: at 0.05 (NV-Retriever's TopK-PercPos) "
+        "most BGB headings kept none, at 0.01 nearly all kept 3 (README).",
+    )
+    train_negatives_candidates: int = Field(
+        default=30,
+        gt=0,
+        description="Top candidates each ranker offers per query before the filters; more "
+        "finds negatives for more queries, at more mining time.",
+    )
     train_seed: int = Field(default=0, description="Seeds weights, shuffling and dropout.")
     train_autocast: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto",

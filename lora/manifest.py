@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from lora.cost import Cost
+from lora.negatives import MiningStats
 
 MANIFEST_NAME = "flotilla_adapter.json"
 FORMAT = 1
@@ -55,6 +56,9 @@ class TrainingRecord:
     prompts: dict[str, str]  # the base model's query/passage prompts, applied in training
     loss: str  # "mnrl" or "cached_mnrl"
     mini_batch_size: int  # of the cached loss
+    # the mined hard negatives: how many per query, from what, and what the filters
+    # dropped; None when the run had in-batch negatives only
+    negatives: MiningStats | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from lora.manifest import (
     weights_sha256,
     write_manifest,
 )
+from lora.negatives import MiningStats, columns, describe, mine
 from lora.pairs import file_sha256
 from lora.progress import StepLines
 
@@ -170,17 +171,69 @@ def _loss(model: Any, config: TrainConfig, forward_tokens: int) -> Any:
     return losses.MultipleNegativesRankingLoss(model, scale=config.train_scale)
 
 
-def _dataset(pairs: Sequence[Pair], prompts: dict[str, str]) -> Any:
+def _dataset(
+    pairs: Sequence[Pair],
+    prompts: dict[str, str],
+    negatives: Sequence[list[str]] | None,
+    count: int,
+) -> Any:
     """The pairs with serving's prompts put before the text, as serving puts them (a
-    plain prefix, so the tokenizer sees the same string)."""
-    from datasets import Dataset
+    plain prefix, so the tokenizer sees the same string).
 
-    return Dataset.from_dict(
-        {
-            "query": [prompts["query"] + p.query for p in pairs],
-            "positive": [prompts["passage"] + p.positive for p in pairs],
-        }
-    )
+    With mined negatives, the pairs that got some become (query, positive, negative_1..N)
+    rows and the rest stay pairs: two data sets of the trainer, each batch drawn from
+    one (the loss takes both shapes)."""
+    from datasets import Dataset, DatasetDict
+
+    def prefixed(rows: dict[str, list[str]]) -> Any:
+        return Dataset.from_dict(
+            {
+                name: [
+                    (prompts["query"] if name == "query" else prompts["passage"]) + t for t in texts
+                ]
+                for name, texts in rows.items()
+            }
+        )
+
+    if negatives is None:
+        return prefixed(
+            {"query": [p.query for p in pairs], "positive": [p.positive for p in pairs]}
+        )
+    sets = {name: rows for name, rows in columns(pairs, negatives, count).items() if rows["query"]}
+    if len(sets) == 1:
+        return prefixed(next(iter(sets.values())))
+    return DatasetDict({name: prefixed(rows) for name, rows in sets.items()})
+
+
+def _mine(
+    pairs: Sequence[Pair],
+    model: Any,
+    prompts: dict[str, str],
+    config: TrainConfig,
+    *,
+    quiet: bool,
+    stream: TextIO | None,
+) -> tuple[list[list[str]] | None, MiningStats | None]:
+    """Hard negatives from the base, before the adapter is added (the base's view of
+    which passages look alike), or none when the recipe asks for none."""
+    if config.train_negatives == 0:
+        return None, None
+    model.eval()
+    with torch.inference_mode():
+        mined = mine(
+            pairs,
+            count=config.train_negatives,
+            source=config.train_negatives_from,
+            margin=config.train_negatives_margin,
+            candidates_per_query=config.train_negatives_candidates,
+            model=model,
+            prompts=prompts,
+            batch_size=max(1, config.train_mini_batch_size * 4),
+            quiet=quiet,
+        )
+    if stream is not None:
+        print(describe(mined.stats), file=stream, flush=True)
+    return mined.negatives, mined.stats
 
 
 def _last_checkpoint(folder: Path) -> Path | None:
@@ -226,6 +279,16 @@ def train(
     model.max_seq_length = config.train_max_seq_tokens  # serving's cut, the tokenizer's own
     prompts = base.prompts if base.prompts is not None else prompts_of(model)
     base_sha = weights_sha256(base.path)
+    stream = progress_stream if progress_stream is not None else sys.stderr
+    on_terminal = stream.isatty()
+    negatives, mining = _mine(
+        pairs,
+        model,
+        prompts,
+        config,
+        quiet=not (show_progress and on_terminal),
+        stream=stream if show_progress else None,
+    )
     _add_lora(model, config)
 
     key = f"{data_sha}/{base_sha}/{config.model_dump_json()}"
@@ -242,8 +305,6 @@ def train(
         counts = load_counts(last)
     elif checkpoints.exists():
         shutil.rmtree(checkpoints)  # an earlier run's, not resumed: its steps would mix in
-    stream = progress_stream if progress_stream is not None else sys.stderr
-    on_terminal = stream.isatty()
     autocast = _autocast_dtype(config, torch_device)
     every = config.train_checkpoint_steps
     args = SentenceTransformerTrainingArguments(
@@ -283,7 +344,7 @@ def train(
     trainer = CountingTrainer(
         model=model,
         args=args,
-        train_dataset=_dataset(pairs, prompts),
+        train_dataset=_dataset(pairs, prompts, negatives, config.train_negatives),
         loss=_loss(model, config, base.forward_tokens),
         callbacks=[measure],
     )
@@ -328,6 +389,7 @@ def train(
             prompts=prompts,
             loss=config.train_loss,
             mini_batch_size=config.train_mini_batch_size,
+            negatives=mining,
         ),
         metrics=TrainMetrics(
             loss_first=counts.losses[0] if counts.losses else float("nan"),
