@@ -522,7 +522,8 @@ def lora_train(
         bool, typer.Option("--resume", help="Continue from the checkpoint in --out.")
     ] = False,
 ) -> None:
-    """Train a LoRA adapter with in-batch negatives; report wall time, device and cost."""
+    """Train a LoRA adapter (in-batch and, with --train-negatives, mined hard negatives); report
+    wall time, device and cost."""
     from embedder.errors import ModelNotFound
     from lora.dataset import DatasetError
     from lora.train import TrainError

@@ -1,3 +1,4 @@
 """Domain LoRA adapters: data (``gesetze``, ``pairs``, ``dataset``), training
-(``batches``, ``train``, ``config``, ``manifest``, ``cost``) and retrieval evaluation
+(``negatives``, ``train``, ``callbacks``, ``progress``, ``config``, ``manifest``,
+``cost``) and retrieval evaluation
 (``metrics``, ``bm25``, ``evaluate``). ``flotilla lora`` and ``flotilla eval`` wire them."""

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lora.batches import batches
 from lora.dataset import Pair, read_corpus, read_pairs, read_qrels, read_queries
 from lora.gesetze import read_laws
 from lora.pairs import Split, SplitError, split_laws, write_sets
@@ -123,16 +122,3 @@ def test_qrels_as_json_lines(tmp_path: Path) -> None:
     path = tmp_path / "qrels.jsonl"
     path.write_text('{"query-id": "q1", "corpus-id": "d1", "score": 2}\n')
     assert read_qrels(path) == {"q1": {"d1": 2}}
-
-
-def test_batches_never_repeat_a_query_or_passage_and_lose_no_pair() -> None:
-    import random
-
-    pairs = [Pair(f"q{i % 5}", f"p{i}") for i in range(40)] + [Pair("x", "p0")]
-    plan = batches(pairs, 8, random.Random(0))
-    seen = [i for batch in plan for i in batch]
-    assert sorted(seen) == list(range(len(pairs)))
-    for batch in plan:
-        assert len({pairs[i].query for i in batch}) == len(batch)
-        assert len({pairs[i].positive for i in batch}) == len(batch)
-    assert plan == batches(pairs, 8, random.Random(0))
