@@ -141,6 +141,9 @@ class ModelHost(Lifecycle):
             await asyncio.shield(self._task)
 
     async def stop(self) -> None:
+        # Back in the collector's sight, so what the process leaves is freed as it exits
+        # (native bindings report frozen objects as leaks).
+        gc.unfreeze()
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
