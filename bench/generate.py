@@ -50,31 +50,13 @@ from bench.peers import llamacpp, server
 SIDES = ("one-at-a-time", "static", "llama-cpp", "flotilla")
 
 
-def _levels(value: str) -> list[int]:
-    try:
-        levels = [int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"comma-separated integers, got {value!r}") from None
-    if not levels or min(levels) <= 0:
-        raise argparse.ArgumentTypeError(f"positive integers, got {value!r}")
-    return levels
-
-
-def _sides(value: str) -> list[str]:
-    sides = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [s for s in sides if s not in SIDES]
-    if not sides or unknown:
-        raise argparse.ArgumentTypeError(f"sides from {', '.join(SIDES)}; got {value!r}")
-    return sides
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="flotilla bench generate",
         description="Streamed chat completions: flotilla against model.generate one at a "
         "time, static batches and llama.cpp, on the same prompts.",
     )
-    parser.add_argument("--clients", type=_levels, default=[1, 8, 32], help="levels")
+    parser.add_argument("--clients", type=report.levels, default=[1, 8, 32], help="levels")
     parser.add_argument(
         "--requests", type=int, default=None, help="requests per level (overrides the next two)"
     )
@@ -85,7 +67,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=2,
         help="requests per level: at least this many per client (max with --min-requests)",
     )
-    parser.add_argument("--sides", type=_sides, default=list(SIDES), help=", ".join(SIDES))
+    parser.add_argument(
+        "--sides", type=report.sides_of(SIDES), default=list(SIDES), help=", ".join(SIDES)
+    )
     parser.add_argument("--model", choices=tuple(GGUF_FILES), default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument(

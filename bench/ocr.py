@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.generate import _levels
 from bench.generation.flotilla_side import SkipSide
 from bench.ocr_data import fonts, pageset
 from bench.ocr_data.pageset import Sample
@@ -43,13 +42,6 @@ from bench.ocr_sides import client, flotilla_side, rapidocr_side
 from bench.ocr_sides.results import summarize
 
 SIDES = ("rapidocr", "flotilla")
-
-
-def _sides(value: str) -> list[str]:
-    sides = [v.strip() for v in value.split(",") if v.strip()]
-    if not sides or any(s not in SIDES for s in sides):
-        raise argparse.ArgumentTypeError(f"sides from {', '.join(SIDES)}; got {value!r}")
-    return sides
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -66,9 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=pageset.DEFAULT_GESETZE,
         help="folder of the German laws (gesetze/*.md) the German pages quote",
     )
-    parser.add_argument("--clients", type=_levels, default=[1, 8, 16], help="flotilla levels")
+    parser.add_argument("--clients", type=report.levels, default=[1, 8, 16], help="flotilla levels")
     parser.add_argument("--rounds", type=int, default=1, help="times each page is sent per level")
-    parser.add_argument("--sides", type=_sides, default=list(SIDES), help=", ".join(SIDES))
+    parser.add_argument(
+        "--sides", type=report.sides_of(SIDES), default=list(SIDES), help=", ".join(SIDES)
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--warmup", type=int, default=2, help="pages before each side, untimed")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per request")

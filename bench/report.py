@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,26 @@ def wait_for_quiet(max_wait_s: float, threshold: float = 0.10, window_s: float =
         if share <= threshold or time.monotonic() >= deadline:
             return share
         print(f"  other processes use {100 * share:.0f}% of the CPU; waiting for quiet")
+
+
+def levels(value: str) -> list[int]:
+    """An argparse type: comma-separated positive integers (load levels)."""
+    try:
+        found = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated integers, got {value!r}") from None
+    if not found or min(found) <= 0:
+        raise argparse.ArgumentTypeError(f"positive integers, got {value!r}")
+    return found
+
+
+def sides_of(known: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated choice among a benchmark's ``known`` sides."""
+
+    def sides(value: str) -> list[str]:
+        chosen = [v.strip() for v in value.split(",") if v.strip()]
+        if not chosen or any(s not in known for s in chosen):
+            raise argparse.ArgumentTypeError(f"sides from {', '.join(known)}; got {value!r}")
+        return chosen
+
+    return sides
