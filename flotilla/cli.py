@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -538,6 +538,122 @@ def lora_train(
         raise typer.BadParameter(exc.message, param_hint="'--base'") from exc
     except (DatasetError, TrainError) as exc:
         raise typer.BadParameter(str(exc)) from exc
+
+
+@lora_app.command("sweep")
+@settings_flags(
+    MODELS
+    | PROFILES
+    | PROGRESS
+    | {"collection"}
+    | set(TrainConfig.model_fields)
+    | set(Prices.model_fields),
+    LoraSettings,
+)
+def lora_sweep(
+    settings: LoraSettings,
+    base: Annotated[str, typer.Option("--base", help="The fleet model the adapters adapt.")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data",
+            help="A folder from `lora data`: train.jsonl, and the development split's "
+            "corpus.jsonl, queries.jsonl and qrels.tsv that score each trial.",
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Trials, study, report (sweep.json, .md, .png), recipe.json."),
+    ],
+    budget_device_s: Annotated[
+        float,
+        typer.Option(
+            "--budget-device-s",
+            help="Device-seconds (CPU: cores x wall) the search may spend, training and "
+            "scoring; a trial that would not fit is skipped.",
+        ),
+    ] = 7200.0,
+    space: Annotated[
+        Path | None,
+        typer.Option(
+            "--space",
+            help="A YAML or JSON search space (lora.sweep.SearchSpace: lists to choose from, "
+            "train_lr as [low, high]); keys left out keep their defaults.",
+        ),
+    ] = None,
+    pairs: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pairs",
+            help="NAME=PATH: a training set to choose among (repeat); the sweep then picks "
+            "the set as it picks a knob. Default: --data's train.jsonl.",
+        ),
+    ] = None,
+    first_steps: Annotated[
+        int, typer.Option(help="Steps of the first trial, the defaults' recipe.")
+    ] = 60,
+    seeds: Annotated[
+        int, typer.Option(help="Seeds the chosen recipe is trained with, its own included.")
+    ] = 3,
+    sampler_seed: Annotated[int, typer.Option(help="Seeds the search's sampler.")] = 0,
+    max_trials: Annotated[
+        int, typer.Option(help="Stop after this many trials (0: when the budget is spent).")
+    ] = 0,
+) -> None:
+    """Search LoRA recipes within a device-time budget: each trial trains an adapter and
+    scores it on the development split through the pipeline and store; writes a table, a
+    PNG of nDCG@10 against cost, the best recipe, and its spread over seeds."""
+    import asyncio
+
+    from flotilla.sweep import sweep
+    from lora.sweep import SearchSpace
+
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"):
+        if not (data / name).is_file():
+            raise typer.BadParameter(f"{data} holds no {name}", param_hint="'--data'")
+    sets: dict[str, Path] = {}
+    for item in pairs or []:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            raise typer.BadParameter(f"{item!r}: give NAME=PATH of a file", param_hint="'--pairs'")
+        sets[name] = Path(path)
+    if not sets:
+        if not (data / "train.jsonl").is_file():
+            raise typer.BadParameter(f"{data} holds no train.jsonl", param_hint="'--data'")
+        sets[""] = data / "train.jsonl"
+    try:
+        loaded = _yaml_or_json(space) if space is not None else {}
+        search_space = SearchSpace.model_validate(loaded)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--space'") from exc
+    if len(sets) > 1 or "" not in sets:
+        search_space = search_space.model_copy(update={"pairs": list(sets)})
+    if budget_device_s <= 0 or seeds < 1:
+        raise typer.BadParameter("--budget-device-s must be positive and --seeds at least 1")
+    asyncio.run(
+        sweep(
+            settings,
+            base=base,
+            data=data,
+            pairs=sets,
+            out=out,
+            space=search_space,
+            budget_device_s=budget_device_s,
+            first_steps=first_steps,
+            seeds=seeds,
+            sampler_seed=sampler_seed,
+            max_trials=max_trials,
+        )
+    )
+
+
+def _yaml_or_json(path: Path) -> dict[str, Any]:
+    import yaml
+
+    loaded = yaml.safe_load(path.read_text(encoding="utf-8"))  # JSON is YAML
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a search space is a mapping of knob -> values")
+    return loaded
 
 
 @lora_app.command("cost")

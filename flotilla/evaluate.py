@@ -16,6 +16,7 @@ from flotilla.progress import Progress
 from flotilla.settings import Settings
 from ingest.store import VectorStore
 from lora.dataset import read_corpus, read_qrels, read_queries
+from lora.compare import compare, describe
 from lora.evaluate import SystemResult, dense_system, report, score, table
 
 
@@ -73,9 +74,17 @@ async def retrieval(
                     )
                 results.append(result)
     print(table(results))
+    # each dense model against the first: the lift, its interval, and per law
+    dense = [r for r in results if r.kind == "dense"]
+    comparisons = [
+        compare((dense[0].name, dense[0].per_query), (r.name, r.per_query), qrels)
+        for r in dense[1:]
+    ]
+    for c in comparisons:
+        print(describe(c))
     document = report(
         results, collection=settings.collection, corpus=len(corpus), queries=len(queries)
-    )
+    ) | {"comparisons": [c.as_dict() for c in comparisons]}
     if out is not None:
         await asyncio.to_thread(_write, out, json.dumps(document, indent=2) + "\n")
         print(f"report: {out}")

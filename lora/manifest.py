@@ -56,6 +56,8 @@ class TrainingRecord:
     prompts: dict[str, str]  # the base model's query/passage prompts, applied in training
     loss: str  # "mnrl" or "cached_mnrl"
     mini_batch_size: int  # of the cached loss
+    gradient_checkpointing: bool = False
+    attention_dropout: float | None = None  # the base's, in training (None: an older run)
     # the mined hard negatives: how many per query, from what, and what the filters
     # dropped; None when the run had in-batch negatives only
     negatives: MiningStats | None = None

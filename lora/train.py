@@ -102,11 +102,25 @@ def _device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
-def _load(base: BaseModelRef, device: torch.device) -> Any:
+# Names architectures give the dropout on attention weights (BERT/XLM-R; most others).
+ATTENTION_DROPOUT_KEYS = ("attention_probs_dropout_prob", "attention_dropout")
+
+
+def _load(base: BaseModelRef, device: torch.device, attention_dropout: float) -> Any:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling
+    from transformers import AutoConfig
 
-    model = SentenceTransformer(str(base.path), device=str(device))
+    # Dropout on the attention weights keeps torch's fused attention kernel from running:
+    # the weights are materialized and a mask drawn for each (README).
+    config = AutoConfig.from_pretrained(str(base.path))
+    config_kwargs = {k: attention_dropout for k in ATTENTION_DROPOUT_KEYS if hasattr(config, k)}
+    model = SentenceTransformer(
+        str(base.path),
+        device=str(device),
+        model_kwargs={"attn_implementation": "sdpa"},
+        config_kwargs=config_kwargs,
+    )
     if base.pooling != "model":  # train with the pooling serving applies (see the fleet)
         index = next(i for i, m in enumerate(model) if isinstance(m, Pooling))
         dimension = int(model.get_embedding_dimension() or 0)
@@ -275,7 +289,7 @@ def train(
         torch.set_num_threads(threads)
     torch_device = torch.device(device)
     seed_everything(config.train_seed)
-    model = _load(base, torch_device)
+    model = _load(base, torch_device, config.train_attention_dropout)
     model.max_seq_length = config.train_max_seq_tokens  # serving's cut, the tokenizer's own
     prompts = base.prompts if base.prompts is not None else prompts_of(model)
     base_sha = weights_sha256(base.path)
@@ -330,6 +344,9 @@ def train(
         report_to="none",
         disable_tqdm=not (show_progress and on_terminal),
         dataloader_num_workers=0,
+        gradient_checkpointing=config.train_gradient_checkpointing,
+        # non-reentrant: recomputes through peft's layers with the base's inputs frozen
+        gradient_checkpointing_kwargs={"use_reentrant": False},
     )
     lines = None
     if show_progress and not on_terminal:
@@ -389,6 +406,8 @@ def train(
             prompts=prompts,
             loss=config.train_loss,
             mini_batch_size=config.train_mini_batch_size,
+            gradient_checkpointing=config.train_gradient_checkpointing,
+            attention_dropout=config.train_attention_dropout,
             negatives=mining,
         ),
         metrics=TrainMetrics(

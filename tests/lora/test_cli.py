@@ -135,3 +135,48 @@ def test_train_then_cost_on_a_fleet_model(
     projected = json.loads(result.output)["projected"]
     assert projected["seconds"] == pytest.approx(manifest["measured"]["tokens"] / 1000)
     assert projected["usd"] == pytest.approx(projected["seconds"] / 3600 * 3.6)
+
+
+@pytest.mark.slow
+def test_sweep_trains_scores_and_reports(
+    runner: CliRunner, tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"models": {"tiny": {"source": {"path": str(
+        tiny_models["tiny-a"])}}}}))  # fmt: skip
+    laws = write_laws(tmp_path / "laws")
+    data = tmp_path / "set"
+    assert runner.invoke(app, ["lora", "data", "gesetze", "--src", str(laws), "--out",
+                               str(data), "--eval-laws", "tverf"]).exit_code == 0  # fmt: skip
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"lora_rank": [2, 4], "lora_targets": ["query,value"],
+        "train_max_steps": [2], "train_batch_size": [2], "train_negatives": [0, 1],
+        "train_scale": [20.0]}))  # fmt: skip
+    out = tmp_path / "sweep"
+    with hub_offline():
+        result = runner.invoke(
+            app, ["lora", "sweep", "--base", "tiny", "--data", str(data), "--out", str(out),
+                  "--space", str(space), "--max-trials", "2", "--seeds", "2", "--first-steps",
+                  "2", "--fleet", str(fleet), "--device", "cpu", "--lora-rank", "2",
+                  "--train-batch-size", "2"],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "sweep.json").read_text())
+    trials = report["trials"]
+    assert len(trials) == 2 and all(t["state"] == "done" for t in trials)
+    assert trials[0]["recipe"]["lora_rank"] == 2  # the first trial: the defaults given
+    for t in trials:
+        assert 0 <= t["ndcg@10"] <= 1 and t["device_s"] > 0 and t["peak_rss_bytes"] > 0
+        # each trial's adapter was trained in its own process with its own knobs
+        manifest = json.loads((out / "trials" / f"t{t['trial']:03d}" / "adapter" /
+                               MANIFEST_NAME).read_text())  # fmt: skip
+        assert manifest["adapter"]["rank"] == t["recipe"]["lora_rank"]
+        assert manifest["adapter"]["alpha"] == 2 * t["recipe"]["lora_rank"]
+    chosen = report["chosen"]
+    assert len(chosen["seeds"]) == 2 and chosen["seeds"][1]["seed"] == 1
+    assert chosen["comparison"]["baseline"] == "tiny"
+    assert set(chosen["comparison"]["per_law"]) == {"tverf"}
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["lora_rank"] == trials[chosen["trial"]]["recipe"]["lora_rank"]
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert "chosen: trial" in (out / "sweep.md").read_text()

@@ -1,0 +1,301 @@
+"""`flotilla lora sweep`: the recipe search of ``lora.sweep``, each trial trained by
+`flotilla lora train` in a child process and scored through the local stack.
+
+A child per trial: each run's peak memory is its own (``ru_maxrss`` is a process's
+high-water mark), and a trial that fails (out of memory, a bad recipe) fails alone.
+The knobs reach it as ``FLOTILLA_*`` environment variables, the settings' own second
+spelling, so every setting the sweep was given holds in its trials too.
+
+One stack serves the whole sweep: the base model loads once, the base and BM25 are
+scored once, and each trial's adapter is registered under the stack's adapters
+directory, where the worker finds it on its first request (as a server would), and
+scored as ``BASE:tNNN`` in a collection of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from embedder.adapters import AdapterCatalog
+from embedder.fleet import load_fleet
+from flotilla import wiring
+from flotilla.settings import LoraSettings
+from lora.compare import compare, describe
+from lora.config import TrainConfig
+from lora.dataset import read_corpus, read_qrels, read_queries
+from lora.evaluate import SystemResult, dense_system, score
+from lora.manifest import read_manifest
+from lora.metrics import Qrels
+from lora.sweep import (
+    Budget,
+    Outcome,
+    Recipe,
+    SearchSpace,
+    Trial,
+    TrialFailed,
+    best,
+    default_recipe,
+    plot,
+    search,
+    spread,
+    table,
+    write_json,
+)
+
+LOG_TAIL = 2000  # characters of a failed trial's log quoted in its note
+
+
+def _env(settings: LoraSettings, recipe: Recipe, seed: int) -> dict[str, str]:
+    """The child's environment: every setting of the sweep, the recipe's knobs over it."""
+    values: dict[str, Any] = settings.model_dump(exclude_unset=False)
+    values |= recipe.knobs() | {"train_seed": seed}
+    env = dict(os.environ)
+    for name, value in values.items():
+        if value is None or name not in type(settings).model_fields:
+            continue
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value)
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, dict):
+            value = json.dumps(value)
+        env[f"FLOTILLA_{name.upper()}"] = str(value)
+    return env
+
+
+class PipelineRunner:
+    """Trains a trial in a child process, then scores it through ``stack`` on ``loop``
+    (the sweep's search runs in a thread beside the loop)."""
+
+    def __init__(
+        self,
+        settings: LoraSettings,
+        *,
+        base: str,
+        pairs: Mapping[str, Path],
+        out: Path,
+        stack: wiring.LocalStack,
+        loop: asyncio.AbstractEventLoop,
+        corpus: Mapping[str, str],
+        queries: Mapping[str, str],
+        qrels: Qrels,
+    ) -> None:
+        self.settings, self.base, self.pairs, self.out = settings, base, pairs, out
+        self.stack, self.loop = stack, loop
+        self.corpus, self.queries, self.qrels = corpus, queries, qrels
+        self.catalog = AdapterCatalog(load_fleet(settings.fleet), settings.adapters_root)
+        self.cores = settings.threads or os.cpu_count() or 1
+
+    def __call__(self, name: str, recipe: Recipe, seed: int) -> Outcome:
+        folder = self.out / "trials" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        log = folder / "train.log"
+        command = [
+            sys.executable,
+            "-m",
+            "flotilla",
+            "lora",
+            "train",
+            "--base",
+            self.base,
+            "--pairs",
+            str(self.pairs[recipe.pairs]),
+            "--out",
+            str(folder / "adapter"),
+        ]
+        with log.open("w", encoding="utf-8") as sink:
+            done = subprocess.run(
+                command,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=_env(self.settings, recipe, seed),
+                check=False,
+            )
+        if done.returncode != 0:
+            raise TrialFailed(
+                f"lora train exited {done.returncode}: "
+                + log.read_text(encoding="utf-8")[-LOG_TAIL:].strip()
+            )
+        manifest = read_manifest(folder / "adapter")
+        self.catalog.register(self.base, name, folder / "adapter")
+        started = time.perf_counter()
+        result = asyncio.run_coroutine_threadsafe(
+            self.score(f"{self.base}:{name}"), self.loop
+        ).result()
+        eval_device_s = (time.perf_counter() - started) * self.cores
+        (folder / "scores.json").write_text(json.dumps(result.per_query) + "\n")
+        return Outcome(
+            ndcg=result.metrics["ndcg@10"],
+            metrics=result.metrics,
+            train_device_s=float(manifest["cost"]["device_seconds"]),
+            eval_device_s=eval_device_s,
+            tokens=int(manifest["measured"]["tokens"]),
+            peak_rss_bytes=int(manifest["measured"]["peak_rss_bytes"]),
+            loss_last=float(manifest["metrics"]["loss_last"]),
+            per_query=result.per_query,
+        )
+
+    async def score(self, model: str) -> SystemResult:
+        return await dense_system(
+            self.stack.core,
+            self.stack.store,
+            self.corpus,
+            self.queries,
+            self.qrels,
+            collection=self.settings.collection,
+            model=model,
+        )
+
+
+def _line(trial: Trial, budget: Budget) -> str:
+    left = f"{budget.spent:,.0f}/{budget.total:,.0f} device-s spent"
+    if trial.outcome is None:
+        return f"trial {trial.number} {trial.recipe.label()}: {trial.state} ({trial.note}); {left}"
+    o = trial.outcome
+    return (
+        f"trial {trial.number} {trial.recipe.label()}: nDCG@10 {o.ndcg:.4f}, "
+        f"{o.device_s:,.0f} device-s, peak {o.peak_rss_bytes / 2**30:.2f} GiB; {left}"
+    )
+
+
+async def sweep(
+    settings: LoraSettings,
+    *,
+    base: str,
+    data: Path,
+    pairs: Mapping[str, Path],
+    out: Path,
+    space: SearchSpace,
+    budget_device_s: float,
+    first_steps: int,
+    seeds: int,
+    sampler_seed: int,
+    max_trials: int,
+) -> dict[str, Any]:
+    corpus = read_corpus(data / "corpus.jsonl")
+    qrels = read_qrels(data / "qrels.tsv")
+    queries = {q: t for q, t in read_queries(data / "queries.jsonl").items() if q in qrels}
+    out.mkdir(parents=True, exist_ok=True)
+    settings = settings.model_copy(
+        update={
+            "auto_truncate": True,
+            "chunking": False,
+            "data_dir": out / "serve",
+            "adapters_dir": out / "serve" / "adapters",
+        }
+    )
+    from lora.bm25 import bm25_run
+
+    bm25 = score("bm25", "bm25", bm25_run(corpus, queries, language="de"), qrels)
+    async with wiring.running_stack(settings, models=[base]) as stack:
+        loop = asyncio.get_running_loop()
+        runner = PipelineRunner(
+            settings,
+            base=base,
+            pairs=pairs,
+            out=out,
+            stack=stack,
+            loop=loop,
+            corpus=corpus,
+            queries=queries,
+            qrels=qrels,
+        )
+        started = time.perf_counter()
+        base_result = await runner.score(base)
+        base_device_s = (time.perf_counter() - started) * runner.cores
+        baselines = {"base": base_result.metrics["ndcg@10"], "bm25": bm25.metrics["ndcg@10"]}
+        print(
+            f"{base}: nDCG@10 {baselines['base']:.4f}; BM25 {baselines['bm25']:.4f} "
+            f"({len(queries)} queries, {len(corpus)} passages)",
+            flush=True,
+        )
+        first = default_recipe(
+            TrainConfig.model_validate(settings.model_dump()), first_steps, _first(space)
+        )
+        trials, budget = await asyncio.to_thread(
+            search,
+            runner,
+            space,
+            first=first,
+            budget_device_s=budget_device_s,
+            storage=out / "study.db",
+            seed=sampler_seed,
+            max_trials=max_trials,
+            on_trial=lambda t, b: print(_line(t, b), flush=True),
+        )
+        chosen = best(trials)
+        others: list[Trial] = []
+        if chosen is not None:
+            for seed in range(1, seeds):
+                name = f"t{chosen.number:03d}-seed{seed}"
+                print(f"seed {seed} of the chosen recipe {chosen.recipe.label()}", flush=True)
+                try:
+                    outcome = await asyncio.to_thread(runner, name, chosen.recipe, seed)
+                except TrialFailed as exc:
+                    others.append(Trial(chosen.number, chosen.recipe, seed, "failed", None, str(exc)))
+                else:
+                    others.append(Trial(chosen.number, chosen.recipe, seed, "done", outcome))
+    return _report(
+        out, trials, others, chosen, budget, baselines, base, base_result, base_device_s, qrels
+    )
+
+
+def _first(space: SearchSpace) -> str:
+    return space.pairs[0] if space.pairs else ""
+
+
+def _report(
+    out: Path,
+    trials: list[Trial],
+    seeds: list[Trial],
+    chosen: Trial | None,
+    budget: Budget,
+    baselines: dict[str, float],
+    base: str,
+    base_result: SystemResult,
+    base_device_s: float,
+    qrels: Qrels,
+) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "base": base,
+        "baselines": {"base": base_result.metrics, "base_device_s": base_device_s}
+        | {"bm25_ndcg@10": baselines["bm25"]},
+        "budget_device_s": budget.total,
+        "spent_device_s": budget.spent,
+        "trials": [t.row() for t in trials],
+    }
+    text = table(trials, baselines)
+    if chosen is not None and chosen.outcome is not None:
+        comparison = compare(
+            (base, base_result.per_query), (f"trial {chosen.number}", chosen.outcome.per_query), qrels
+        )
+        values = [chosen.outcome.ndcg] + [t.outcome.ndcg for t in seeds if t.outcome]
+        document["chosen"] = {
+            "trial": chosen.number,
+            "recipe": chosen.recipe.knobs() | {"pairs": chosen.recipe.pairs},
+            "comparison": comparison.as_dict(),
+            "seeds": [chosen.row()] + [t.row() for t in seeds],
+            "seed_spread": spread(values),
+        }
+        write_json(out / "recipe.json", document["chosen"]["recipe"])
+        s = spread(values)
+        text += (
+            f"\n\nchosen: trial {chosen.number}, {chosen.recipe.label()}\n"
+            f"{describe(comparison)}\n"
+            f"over {int(s['n'])} seeds: nDCG@10 {s['mean']:.4f} ± {s['stdev']:.4f} "
+            f"(min {s['min']:.4f}, max {s['max']:.4f})"
+        )
+    write_json(out / "sweep.json", document)
+    (out / "sweep.md").write_text(text + "\n", encoding="utf-8")
+    plot(trials, baselines, out / "sweep.png", seeds=seeds, title=f"{base}: LoRA recipes")
+    print(text)
+    print(f"report: {out}/sweep.json, sweep.md, sweep.png" + (", recipe.json" if chosen else ""))
+    return document

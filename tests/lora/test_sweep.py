@@ -1,0 +1,125 @@
+"""The recipe search on a stand-in runner: the budget, the defaults first, resumption,
+failures, and the report's pieces (table, figure, Pareto front, seed spread)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lora.config import TrainConfig
+from lora.sweep import (
+    Outcome,
+    Recipe,
+    SearchSpace,
+    Trial,
+    TrialFailed,
+    best,
+    default_recipe,
+    pareto,
+    plot,
+    search,
+    spread,
+    table,
+)
+
+PER_ROW_S = 0.01  # the stand-in's device-seconds per text-row: a cost exactly as estimated
+
+
+class Runner:
+    def __init__(self, fail_rank: int | None = None) -> None:
+        self.calls: list[Recipe] = []
+        self.fail_rank = fail_rank
+
+    def __call__(self, name: str, recipe: Recipe, seed: int) -> Outcome:
+        self.calls.append(recipe)
+        if recipe.lora_rank == self.fail_rank:
+            raise TrialFailed("out of memory")
+        # quality rises with steps and scale: a landscape the search can climb
+        ndcg = 0.5 + recipe.train_max_steps / 1000 + recipe.train_scale / 10_000
+        return Outcome(
+            ndcg=ndcg,
+            metrics={"ndcg@10": ndcg},
+            train_device_s=recipe.rows * PER_ROW_S * 0.75,
+            eval_device_s=recipe.rows * PER_ROW_S * 0.25,
+            tokens=recipe.rows * 100,
+            peak_rss_bytes=2**30,
+        )
+
+
+SPACE = SearchSpace(
+    lora_rank=[8, 16],
+    train_max_steps=[10, 40],
+    train_batch_size=[4, 8],
+    train_negatives=[0, 2],
+    train_scale=[20.0, 100.0],
+)
+FIRST = default_recipe(TrainConfig(train_batch_size=4), steps=10)
+
+
+def test_the_first_trial_is_the_defaults_and_the_budget_is_kept(tmp_path: Path) -> None:
+    runner = Runner()
+    trials, budget = search(
+        runner, SPACE, first=FIRST, budget_device_s=20.0, storage=tmp_path / "s.db", seed=1
+    )
+    assert runner.calls[0] == FIRST
+    assert budget.spent <= budget.total  # the estimate is exact here: nothing overruns
+    done = [t for t in trials if t.state == "done"]
+    assert len(done) == len(runner.calls) >= 2
+    # each skipped recipe was estimated to cost more than was left when it came up
+    for t in trials:
+        if t.state == "skipped":
+            assert "device-s" in t.note
+    # the search stopped because the cheapest recipe (10 x 4 x 2 rows) no longer fit
+    assert budget.left < 10 * 4 * 2 * PER_ROW_S or len(trials) >= 20
+
+
+def test_an_interrupted_sweep_resumes_without_rerunning(tmp_path: Path) -> None:
+    storage = tmp_path / "s.db"
+    first_runner = Runner()
+    first, _ = search(
+        first_runner, SPACE, first=FIRST, budget_device_s=50.0, storage=storage, max_trials=2
+    )
+    again = Runner()
+    trials, budget = search(
+        again, SPACE, first=FIRST, budget_device_s=50.0, storage=storage, max_trials=4
+    )
+    assert [t.number for t in trials[:2]] == [t.number for t in first]
+    assert len(trials) == 4 and len(again.calls) <= 2  # only the new ones ran
+    ran = [t for t in trials if t.outcome is not None]
+    assert budget.spent == pytest.approx(sum(t.outcome.device_s for t in ran if t.outcome))
+
+
+def test_a_failed_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
+    runner = Runner(fail_rank=16)  # the defaults' rank
+    trials, _ = search(
+        runner, SPACE, first=FIRST, budget_device_s=30.0, storage=tmp_path / "s.db", max_trials=5
+    )
+    assert trials[0].state == "failed" and "out of memory" in trials[0].note
+    assert any(t.state == "done" for t in trials)
+
+
+def test_report_pieces(tmp_path: Path) -> None:
+    def trial(n: int, ndcg: float, cost: float) -> Trial:
+        return Trial(n, FIRST, 0, "done", Outcome(ndcg, {"ndcg@10": ndcg}, cost, 0.0))
+
+    trials = [trial(0, 0.60, 100), trial(1, 0.65, 300), trial(2, 0.62, 400), trial(3, 0.70, 900)]
+    trials.append(Trial(4, FIRST, 0, "skipped", note="estimated 5,000 device-s, 10 left"))
+    assert [t.number for t in pareto(trials)] == [0, 1, 3]
+    chosen = best(trials)
+    assert chosen is not None and chosen.number == 3
+    text = table(trials, {"base": 0.5, "bm25": 0.45})
+    rows = text.splitlines()
+    assert rows[2].startswith("| base |") and "| 3 |" in rows[4]  # best first after baselines
+    assert "+40.0%" in rows[4] and "skipped" in rows[-1]
+    s = spread([0.7, 0.68, 0.72])
+    assert s["mean"] == pytest.approx(0.7) and s["stdev"] == pytest.approx(0.02)
+    plot(trials, {"base": 0.5}, tmp_path / "sweep.png", seeds=trials[:1])
+    assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_space_refuses_what_cannot_train() -> None:
+    with pytest.raises(ValueError, match="in-batch negatives"):
+        SearchSpace(train_batch_size=[1, 8])
+    with pytest.raises(ValueError, match="train_lr"):
+        SearchSpace(train_lr=(1e-3, 1e-4))
