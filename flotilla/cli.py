@@ -603,8 +603,6 @@ def lora_sweep(
     """Search LoRA recipes within a device-time budget: each trial trains an adapter and
     scores it on the development split through the pipeline and store; writes a table, a
     PNG of nDCG@10 against cost, the best recipe, and its spread over seeds."""
-    import asyncio
-
     from flotilla.sweep import sweep
     from lora.sweep import SearchSpace
 
@@ -630,20 +628,18 @@ def lora_sweep(
         search_space = search_space.model_copy(update={"pairs": list(sets)})
     if budget_device_s <= 0 or seeds < 1:
         raise typer.BadParameter("--budget-device-s must be positive and --seeds at least 1")
-    asyncio.run(
-        sweep(
-            settings,
-            base=base,
-            data=data,
-            pairs=sets,
-            out=out,
-            space=search_space,
-            budget_device_s=budget_device_s,
-            first_steps=first_steps,
-            seeds=seeds,
-            sampler_seed=sampler_seed,
-            max_trials=max_trials,
-        )
+    sweep(
+        settings,
+        base=base,
+        data=data,
+        pairs=sets,
+        out=out,
+        space=search_space,
+        budget_device_s=budget_device_s,
+        first_steps=first_steps,
+        seeds=seeds,
+        sampler_seed=sampler_seed,
+        max_trials=max_trials,
     )
 
 

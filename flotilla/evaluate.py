@@ -15,8 +15,8 @@ from flotilla import wiring
 from flotilla.progress import Progress
 from flotilla.settings import Settings
 from ingest.store import VectorStore
-from lora.dataset import read_corpus, read_qrels, read_queries
 from lora.compare import compare, describe
+from lora.dataset import read_corpus, read_qrels, read_queries
 from lora.evaluate import SystemResult, dense_system, report, score, table
 
 

@@ -166,7 +166,7 @@ def _line(trial: Trial, budget: Budget) -> str:
     )
 
 
-async def sweep(
+def sweep(
     settings: LoraSettings,
     *,
     base: str,
@@ -180,6 +180,9 @@ async def sweep(
     sampler_seed: int,
     max_trials: int,
 ) -> dict[str, Any]:
+    """Score the base and BM25, search, train the chosen recipe's other seeds, report."""
+    from lora.bm25 import bm25_run
+
     corpus = read_corpus(data / "corpus.jsonl")
     qrels = read_qrels(data / "qrels.tsv")
     queries = {q: t for q, t in read_queries(data / "queries.jsonl").items() if q in qrels}
@@ -192,60 +195,76 @@ async def sweep(
             "adapters_dir": out / "serve" / "adapters",
         }
     )
-    from lora.bm25 import bm25_run
-
     bm25 = score("bm25", "bm25", bm25_run(corpus, queries, language="de"), qrels)
-    async with wiring.running_stack(settings, models=[base]) as stack:
-        loop = asyncio.get_running_loop()
-        runner = PipelineRunner(
-            settings,
-            base=base,
-            pairs=pairs,
-            out=out,
-            stack=stack,
-            loop=loop,
-            corpus=corpus,
-            queries=queries,
-            qrels=qrels,
-        )
-        started = time.perf_counter()
-        base_result = await runner.score(base)
-        base_device_s = (time.perf_counter() - started) * runner.cores
-        baselines = {"base": base_result.metrics["ndcg@10"], "bm25": bm25.metrics["ndcg@10"]}
-        print(
-            f"{base}: nDCG@10 {baselines['base']:.4f}; BM25 {baselines['bm25']:.4f} "
-            f"({len(queries)} queries, {len(corpus)} passages)",
-            flush=True,
-        )
-        first = default_recipe(
-            TrainConfig.model_validate(settings.model_dump()), first_steps, _first(space)
-        )
-        trials, budget = await asyncio.to_thread(
-            search,
-            runner,
-            space,
-            first=first,
-            budget_device_s=budget_device_s,
-            storage=out / "study.db",
-            seed=sampler_seed,
-            max_trials=max_trials,
-            on_trial=lambda t, b: print(_line(t, b), flush=True),
-        )
-        chosen = best(trials)
-        others: list[Trial] = []
-        if chosen is not None:
-            for seed in range(1, seeds):
-                name = f"t{chosen.number:03d}-seed{seed}"
-                print(f"seed {seed} of the chosen recipe {chosen.recipe.label()}", flush=True)
-                try:
-                    outcome = await asyncio.to_thread(runner, name, chosen.recipe, seed)
-                except TrialFailed as exc:
-                    others.append(Trial(chosen.number, chosen.recipe, seed, "failed", None, str(exc)))
-                else:
-                    others.append(Trial(chosen.number, chosen.recipe, seed, "done", outcome))
-    return _report(
-        out, trials, others, chosen, budget, baselines, base, base_result, base_device_s, qrels
+    first = default_recipe(
+        TrainConfig.model_validate(settings.model_dump()), first_steps, _first(space)
     )
+
+    async def run() -> tuple[SystemResult, float, list[Trial], Budget, list[Trial]]:
+        async with wiring.running_stack(settings, models=[base]) as stack:
+            runner = PipelineRunner(
+                settings,
+                base=base,
+                pairs=pairs,
+                out=out,
+                stack=stack,
+                loop=asyncio.get_running_loop(),
+                corpus=corpus,
+                queries=queries,
+                qrels=qrels,
+            )
+            started = time.perf_counter()
+            base_result = await runner.score(base)
+            base_device_s = (time.perf_counter() - started) * runner.cores
+            print(
+                f"{base}: nDCG@10 {base_result.metrics['ndcg@10']:.4f}; BM25 "
+                f"{bm25.metrics['ndcg@10']:.4f} ({len(queries)} queries, {len(corpus)} passages)",
+                flush=True,
+            )
+            trials, budget = await asyncio.to_thread(
+                search,
+                runner,
+                space,
+                first=first,
+                budget_device_s=budget_device_s,
+                storage=out / "study.db",
+                seed=sampler_seed,
+                max_trials=max_trials,
+                on_trial=lambda t, b: print(_line(t, b), flush=True),
+            )
+            others = await asyncio.to_thread(_other_seeds, runner, best(trials), seeds)
+        return base_result, base_device_s, trials, budget, others
+
+    base_result, base_device_s, trials, budget, others = asyncio.run(run())
+    baselines = {"base": base_result.metrics["ndcg@10"], "bm25": bm25.metrics["ndcg@10"]}
+    return _report(
+        out,
+        trials,
+        others,
+        best(trials),
+        budget,
+        baselines,
+        base,
+        base_result,
+        base_device_s,
+        qrels,
+    )
+
+
+def _other_seeds(runner: PipelineRunner, chosen: Trial | None, seeds: int) -> list[Trial]:
+    """The chosen recipe trained again with seeds 1 .. seeds - 1 (its trial had seed 0)."""
+    if chosen is None:
+        return []
+    others: list[Trial] = []
+    for seed in range(1, seeds):
+        print(f"seed {seed} of the chosen recipe {chosen.recipe.label()}", flush=True)
+        try:
+            outcome = runner(f"t{chosen.number:03d}-seed{seed}", chosen.recipe, seed)
+        except TrialFailed as exc:
+            others.append(Trial(chosen.number, chosen.recipe, seed, "failed", None, str(exc)))
+        else:
+            others.append(Trial(chosen.number, chosen.recipe, seed, "done", outcome))
+    return others
 
 
 def _first(space: SearchSpace) -> str:
@@ -275,7 +294,9 @@ def _report(
     text = table(trials, baselines)
     if chosen is not None and chosen.outcome is not None:
         comparison = compare(
-            (base, base_result.per_query), (f"trial {chosen.number}", chosen.outcome.per_query), qrels
+            (base, base_result.per_query),
+            (f"trial {chosen.number}", chosen.outcome.per_query),
+            qrels,
         )
         values = [chosen.outcome.ndcg] + [t.outcome.ndcg for t in seeds if t.outcome]
         document["chosen"] = {

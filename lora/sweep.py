@@ -72,6 +72,20 @@ class SearchSpace(BaseModel):
             raise ValueError("train_batch_size: in-batch negatives need at least 2 rows")
         return self
 
+    def including(self, recipe: Recipe) -> SearchSpace:
+        """The space widened to hold ``recipe`` (the defaults are always a candidate)."""
+        update: dict[str, Any] = {}
+        for name in SWEPT:
+            value = getattr(recipe, name)
+            if name == "train_lr":
+                low, high = self.train_lr
+                update[name] = (min(low, value), max(high, value))
+            elif value not in getattr(self, name):
+                update[name] = sorted([*getattr(self, name), value])
+        if self.pairs and recipe.pairs not in self.pairs:
+            update["pairs"] = [*self.pairs, recipe.pairs]
+        return self.model_copy(update=update)
+
 
 @dataclass(frozen=True, slots=True)
 class Recipe:
@@ -206,7 +220,9 @@ class Budget:
 
 def cheapest(space: SearchSpace) -> int:
     """Text-rows of the cheapest recipe in the space."""
-    return min(space.train_max_steps) * min(space.train_batch_size) * (2 + min(space.train_negatives))
+    return (
+        min(space.train_max_steps) * min(space.train_batch_size) * (2 + min(space.train_negatives))
+    )
 
 
 def _suggest(trial: Any, space: SearchSpace) -> Recipe:
@@ -261,6 +277,7 @@ def search(
     earlier run in ``storage`` count: their cost was spent, their results stand."""
     import optuna
 
+    space = space.including(first)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(
         study_name="lora-sweep",
@@ -336,7 +353,7 @@ def pareto(trials: Sequence[Trial]) -> list[Trial]:
     """The trials no other beats at once on nDCG@10 and cost, cheapest first."""
     done = sorted(
         (t for t in trials if t.outcome is not None),
-        key=lambda t: (t.outcome.device_s if t.outcome else 0.0),
+        key=lambda t: t.outcome.device_s if t.outcome else 0.0,
     )
     front: list[Trial] = []
     for t in done:
@@ -369,7 +386,9 @@ def table(trials: Sequence[Trial], baselines: Mapping[str, float]) -> str:
     for t in order:
         o = t.outcome
         if o is None:
-            lines.append(f"| {t.number} | {t.recipe.label()} | {t.seed} | | | | | | {t.state}: {t.note} |")
+            lines.append(
+                f"| {t.number} | {t.recipe.label()} | {t.seed} | | | | | | {t.state}: {t.note} |"
+            )
             continue
         lift = f"{(o.ndcg - base) / base:+.1%}" if base else ""
         lines.append(
@@ -413,8 +432,13 @@ def plot(
     )
     for t in done:
         assert t.outcome is not None
-        ax.annotate(str(t.number), (t.outcome.device_s, t.outcome.ndcg), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points")
+        ax.annotate(
+            str(t.number),
+            (t.outcome.device_s, t.outcome.ndcg),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
     if seeds:
         ax.scatter(
             [t.outcome.device_s for t in seeds if t.outcome],
