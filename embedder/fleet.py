@@ -440,6 +440,24 @@ def load_fleet(path: Path | None = None) -> Fleet:
     except yaml.YAMLError as exc:
         raise FleetError(f"fleet file {path} is not valid YAML: {exc}") from exc
     try:
-        return Fleet.model_validate(raw)
+        return Fleet.model_validate(_adapters_beside(raw, path.resolve().parent))
     except ValidationError as exc:
         raise FleetError(f"fleet file {path} is invalid:\n{exc}") from exc
+
+
+def _adapters_beside(raw: object, folder: Path) -> object:
+    """Relative adapter folders are read from beside the fleet file, so a fleet ships its
+    adapters with it (the bundled ones: ``embedder/bundled_adapters/``)."""
+    models = raw.get("models") if isinstance(raw, dict) else None
+    if not isinstance(models, dict):
+        return raw
+    for entry in models.values():
+        adapters = entry.get("adapters") if isinstance(entry, dict) else None
+        if isinstance(adapters, dict):
+            entry["adapters"] = {
+                name: str(folder / where)
+                if isinstance(where, str) and not Path(where).expanduser().is_absolute()
+                else where
+                for name, where in adapters.items()
+            }
+    return raw

@@ -54,20 +54,23 @@ LOG_TAIL = 2000  # characters of a failed trial's log quoted in its note
 
 
 def _env(settings: LoraSettings, recipe: Recipe, seed: int) -> dict[str, str]:
-    """The child's environment: every setting of the sweep, the recipe's knobs over it."""
-    values: dict[str, Any] = settings.model_dump(exclude_unset=False)
+    """The child's environment: the settings the sweep was given (its own environment
+    is inherited), the recipe's knobs over them."""
+    values: dict[str, Any] = settings.model_dump(include=settings.model_fields_set)
     values |= recipe.knobs() | {"train_seed": seed}
     env = dict(os.environ)
     for name, value in values.items():
-        if value is None or name not in type(settings).model_fields:
+        if value is None:
             continue
-        if isinstance(value, list):
-            value = ",".join(str(v) for v in value)
+        if name == "lora_targets":  # read as a comma-separated list (NoDecode)
+            text = ",".join(value) if isinstance(value, list) else str(value)
         elif isinstance(value, bool):
-            value = "true" if value else "false"
-        elif isinstance(value, dict):
-            value = json.dumps(value)
-        env[f"FLOTILLA_{name.upper()}"] = str(value)
+            text = "true" if value else "false"
+        elif isinstance(value, list | dict):
+            text = json.dumps(value, default=str)  # complex settings are JSON in the environment
+        else:
+            text = str(value)
+        env[f"FLOTILLA_{name.upper()}"] = text
     return env
 
 

