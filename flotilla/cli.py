@@ -487,21 +487,40 @@ def lora_data_gesetze(
             "the evaluation set; no train.jsonl.",
         ),
     ] = False,
+    pair_types: Annotated[
+        str,
+        typer.Option(
+            help="Training pairs, comma-separated: heading (heading -> body), paragraph "
+            "(heading -> each paragraph of a longer body), reference (a sentence citing a "
+            "section of its law -> that section's body)."
+        ),
+    ] = "heading",
 ) -> None:
-    """Heading -> body pairs from German laws, split by whole laws.
+    """Training pairs from German laws (heading -> body, and the kinds of --pair-types),
+    split by whole laws.
 
     Pairs of the training laws go to train.jsonl; the held-out laws become the evaluation
     set (corpus.jsonl, queries.jsonl, qrels.tsv). --eval-only builds the evaluation set
     alone, for laws an adapter trained elsewhere never saw."""
     from flotilla.lora import data_gesetze
-    from lora.pairs import SplitError
+    from lora.pairs import PairKindError, SplitError, pair_kinds
 
     if not src.is_dir():
         raise typer.BadParameter(f"{src} is not a folder", param_hint="'--src'")
     names = [name.strip().lower() for name in eval_laws.split(",") if name.strip()]
     try:
+        kinds = pair_kinds([kind.strip() for kind in pair_types.split(",") if kind.strip()])
+    except PairKindError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--pair-types'") from exc
+    try:
         data_gesetze(
-            src, out, eval_fraction=eval_fraction, seed=seed, eval_laws=names, eval_only=eval_only
+            src,
+            out,
+            eval_fraction=eval_fraction,
+            seed=seed,
+            eval_laws=names,
+            eval_only=eval_only,
+            pair_types=kinds,
         )
     except SplitError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -24,6 +24,7 @@ def data_gesetze(
     seed: int,
     eval_laws: Sequence[str],
     eval_only: bool = False,
+    pair_types: Sequence[str] = ("heading",),
 ) -> dict[str, object]:
     laws = read_laws(src)
     if not laws:
@@ -35,13 +36,15 @@ def data_gesetze(
         seed=seed,
         eval_laws=eval_laws,
         eval_only=eval_only,
+        pair_types=pair_types,
         source=str(src),
     )
+    by_kind = ", ".join(f"{n} {kind}" for kind, n in summary["pairs_by_kind"].items())
     training = (
         "no training pairs (--eval-only)\n"
         if eval_only
-        else f"{summary['train_pairs']} training pairs from {len(summary['train_laws'])} laws "
-        f"-> {out / 'train.jsonl'}\n"
+        else f"{summary['train_pairs']} training pairs ({by_kind}) from "
+        f"{len(summary['train_laws'])} laws -> {out / 'train.jsonl'}\n"
     )
     print(
         training

@@ -1,7 +1,8 @@
 """The files a LoRA run reads and writes: training pairs, and a retrieval set in BEIR's
 layout (a corpus, queries and graded relevance judgements).
 
-``train.jsonl``   one pair a line: ``{"query", "positive", "id", "law"}``
+``train.jsonl``   one pair a line: ``{"query", "positive", "id", "law", "kind"}``; ``id``,
+                  ``law`` and ``kind`` are optional
 ``corpus.jsonl``  one passage a line: ``{"id", "text", "metadata"}``; it is also a valid
                   ``flotilla ingest --from`` file
 ``queries.jsonl`` one query a line: ``{"id", "text"}``
@@ -33,6 +34,7 @@ class Pair:
     positive: str
     id: str = ""
     law: str = ""
+    kind: str = "heading"  # how lora.pairs made it: heading, paragraph or reference
 
 
 def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -68,7 +70,15 @@ def read_pairs(path: Path) -> list[Pair]:
         query, positive = row.get("query"), row.get("positive")
         if not (isinstance(query, str) and isinstance(positive, str) and query and positive):
             raise DatasetError(f"{path}:{number}: a pair needs non-empty 'query' and 'positive'")
-        pairs.append(Pair(query, positive, str(row.get("id", "")), str(row.get("law", ""))))
+        pairs.append(
+            Pair(
+                query,
+                positive,
+                str(row.get("id", "")),
+                str(row.get("law", "")),
+                str(row.get("kind", "heading")),
+            )
+        )
     if not pairs:
         raise DatasetError(f"{path} holds no pairs")
     return pairs

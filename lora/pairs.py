@@ -1,8 +1,17 @@
-"""Heading -> body pairs from parsed laws, split by law.
+"""Training pairs from parsed laws, and an evaluation set, split by law.
 
 Whole laws go to one side: the evaluation then measures how an adapter does on laws it
 never saw, not how well it remembers their neighbours. The split is a pure function of
 the laws' sizes, the wanted fraction and the seed.
+
+Training pairs come in kinds (``PAIR_KINDS``), each a heading or a sentence paired with
+text of one section and carrying that section's id, so that no mined negative
+(``lora.negatives``) comes from the pair's own section:
+
+``heading``    the heading -> the whole body
+``paragraph``  the heading -> one paragraph, for bodies of two or more
+``reference``  a sentence citing another section of its law ("nach § 823 Abs. 1") ->
+               that section's body (``lora.citations`` reads the citations)
 
 The evaluation side becomes a retrieval set: every kept section of the evaluation laws
 is a passage, and every distinct heading is a query whose relevant passages are all the
@@ -14,17 +23,46 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Mapping, Sequence
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lora.citations import cited_ids, sentences, words_outside_citations
 from lora.dataset import Pair, Qrels, write_jsonl, write_qrels
 from lora.gesetze import Law, Section
+
+PAIR_KINDS = ("heading", "paragraph", "reference")
+# Below five words a line or sentence is a remnant ("(1) weggefallen"), a list fragment
+# ("bis zu 5 Jahren") or a lead-in ("Ordnungswidrig handelt, wer"): nothing a reader
+# would match to a heading or a cited section.
+MIN_WORDS = 5
+# The first references to a section, in document order, and no more: the heavily cited
+# ones (definitions, "§ 280") would otherwise fill the reference pairs.
+REFERENCES_PER_SECTION = 5
+_WORDS = re.compile(r"[^\W\d_]{2,}")
 
 
 class SplitError(ValueError):
     """The laws cannot be split as asked."""
+
+
+class PairKindError(ValueError):
+    """A pair kind that does not exist."""
+
+
+def pair_kinds(names: Sequence[str]) -> tuple[str, ...]:
+    """The kinds asked for, in the order given, each once."""
+    unknown = [name for name in names if name not in PAIR_KINDS]
+    if unknown or not names:
+        raise PairKindError(
+            f"unknown pair types {unknown}; the types are {', '.join(PAIR_KINDS)}"
+            if unknown
+            else f"no pair type given; the types are {', '.join(PAIR_KINDS)}"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,8 +142,64 @@ class RetrievalSet:
     qrels: Qrels
 
 
-def train_pairs(laws: Sequence[Law]) -> list[Pair]:
-    return [Pair(s.title, s.body, s.id, s.law) for law in laws for s in law.sections]
+def heading_pairs(law: Law) -> list[Pair]:
+    return [Pair(s.title, s.body, s.id, s.law, "heading") for s in law.sections]
+
+
+def paragraph_pairs(law: Law) -> list[Pair]:
+    pairs = []
+    for s in law.sections:
+        paragraphs = s.body.split("\n")
+        if len(paragraphs) > 1:
+            pairs += [
+                Pair(s.title, text, s.id, s.law, "paragraph")
+                for text in paragraphs
+                if len(_WORDS.findall(text)) >= MIN_WORDS
+            ]
+    return pairs
+
+
+def reference_pairs(law: Law) -> list[Pair]:
+    by_id = {s.id: s for s in law.sections}
+    numbers: dict[str, list[str]] = {}  # "§" -> ["1", "2", "2a", ...], in document order
+    for s in law.sections:
+        kind, _, number = s.number.partition(" ")
+        if " " not in number:  # not a range ("§§ 3 bis 6") nor a repeat ("§ 5 (2)")
+            numbers.setdefault(kind, []).append(number)
+    pairs: list[Pair] = []
+    per_target: Counter[str] = Counter()
+    seen: set[tuple[str, str]] = set()
+    for s in law.sections:
+        for paragraph in s.body.split("\n"):
+            for sentence in sentences(paragraph):
+                if words_outside_citations(sentence) < MIN_WORDS:
+                    continue  # "§ 5 gilt entsprechend." names a number, nothing to match
+                for target in dict.fromkeys(
+                    cited_ids(sentence, law.slug, law.abbreviation, numbers)
+                ):
+                    if target == s.id or (sentence, target) in seen:
+                        continue
+                    if per_target[target] >= REFERENCES_PER_SECTION:
+                        continue
+                    seen.add((sentence, target))
+                    per_target[target] += 1
+                    pairs.append(Pair(sentence, by_id[target].body, target, law.slug, "reference"))
+    return pairs
+
+
+_BUILDERS: dict[str, Callable[[Law], list[Pair]]] = {
+    "heading": heading_pairs,
+    "paragraph": paragraph_pairs,
+    "reference": reference_pairs,
+}
+
+
+def train_pairs(laws: Sequence[Law], kinds: Sequence[str] = ("heading",)) -> list[Pair]:
+    """Pairs of the given kinds, law by law, each law's in the order of ``PAIR_KINDS``."""
+    wanted = pair_kinds(kinds)
+    return [
+        p for law in laws for kind in PAIR_KINDS if kind in wanted for p in _BUILDERS[kind](law)
+    ]
 
 
 def retrieval_set(laws: Sequence[Law]) -> RetrievalSet:
@@ -134,12 +228,14 @@ def write_sets(
     seed: int = 0,
     eval_laws: Sequence[str] = (),
     eval_only: bool = False,
+    pair_types: Sequence[str] = ("heading",),
     source: str = "",
 ) -> dict[str, Any]:
     """Write train.jsonl, corpus.jsonl, queries.jsonl, qrels.tsv and split.json under
     ``out``; returns what split.json holds. With ``eval_only`` there is no train.jsonl
     (one left from an earlier run in ``out`` is removed: split.json must describe the
     folder as it is)."""
+    kinds = pair_kinds(pair_types)
     by_slug = {law.slug: law for law in laws}
     if len(by_slug) != len(laws):
         raise SplitError("two laws share a slug (file name)")
@@ -151,14 +247,17 @@ def write_sets(
         eval_only=eval_only,
     )
     out.mkdir(parents=True, exist_ok=True)
-    pairs = train_pairs([by_slug[slug] for slug in split.train])
+    pairs = train_pairs([by_slug[slug] for slug in split.train], kinds)
     train_file = out / "train.jsonl"
     if eval_only:
         train_file.unlink(missing_ok=True)
     else:
         write_jsonl(
             train_file,
-            ({"query": p.query, "positive": p.positive, "id": p.id, "law": p.law} for p in pairs),
+            (
+                {"query": p.query, "positive": p.positive, "id": p.id, "law": p.law, "kind": p.kind}
+                for p in pairs
+            ),
         )
     held_out = retrieval_set([by_slug[slug] for slug in split.eval])
     write_jsonl(
@@ -179,6 +278,8 @@ def write_sets(
         "eval_laws": list(split.eval),
         "unused_laws": sorted(set(by_slug) - set(split.train) - set(split.eval)),
         "train_pairs": len(pairs),
+        "pair_types": list(kinds),
+        "pairs_by_kind": {kind: sum(p.kind == kind for p in pairs) for kind in kinds},
         "train_sha256": None if eval_only else file_sha256(train_file),
         "corpus": len(held_out.corpus),
         "queries": len(held_out.queries),

@@ -35,6 +35,27 @@ def test_data_gesetze_writes_the_sets(runner: CliRunner, tmp_path: Path) -> None
         assert (out / name).is_file()
 
 
+def test_data_gesetze_pair_types(runner: CliRunner, tmp_path: Path) -> None:
+    laws = write_laws(tmp_path / "laws")
+    out = tmp_path / "set"
+    result = runner.invoke(
+        app, ["lora", "data", "gesetze", "--src", str(laws), "--out", str(out),
+              "--eval-laws", "tverf", "--pair-types", "heading,paragraph,reference"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "9 training pairs (7 heading, 2 paragraph, 0 reference) from 2 laws" in result.output
+    kinds = [json.loads(line)["kind"] for line in (out / "train.jsonl").read_text().splitlines()]
+    assert sorted(set(kinds)) == ["heading", "paragraph"]
+    split = json.loads((out / "split.json").read_text())
+    assert split["pair_types"] == ["heading", "paragraph", "reference"]
+    assert split["pairs_by_kind"] == {"heading": 7, "paragraph": 2, "reference": 0}
+    refused = runner.invoke(
+        app, ["lora", "data", "gesetze", "--src", str(laws), "--pair-types", "heading,body"]
+    )
+    assert refused.exit_code == 2 and "--pair-types" in refused.output
+    assert "heading, paragraph, reference" in refused.output
+
+
 def test_data_gesetze_eval_only_names_every_law(runner: CliRunner, tmp_path: Path) -> None:
     laws = write_laws(tmp_path / "laws")
     out = tmp_path / "set"
