@@ -46,11 +46,16 @@ def data_gesetze(
         else f"{summary['train_pairs']} training pairs ({by_kind}) from "
         f"{len(summary['train_laws'])} laws -> {out / 'train.jsonl'}\n"
     )
+    evaluation = (
+        f"evaluation on {', '.join(summary['eval_laws'])}: {summary['corpus']} passages, "
+        f"{summary['queries']} queries -> {out}/corpus.jsonl, queries.jsonl, qrels.tsv\n"
+        if summary["eval_laws"]
+        else "nothing held out for evaluation (--eval-fraction 0)\n"
+    )
     print(
         training
-        + f"evaluation on {', '.join(summary['eval_laws'])}: {summary['corpus']} passages, "
-        f"{summary['queries']} queries -> {out}/corpus.jsonl, queries.jsonl, qrels.tsv\n"
-        f"dropped {sum(summary['sections_dropped'].values())} sections (repealed, untitled "
+        + evaluation
+        + f"dropped {sum(summary['sections_dropped'].values())} sections (repealed, untitled "
         "or empty)"
     )
     return summary

@@ -86,6 +86,9 @@ def split_laws(
     sections closer to ``eval_fraction``; both sides keep at least one law. Laws
     without sections take no side.
 
+    ``eval_fraction`` 0 holds nothing out: every law with sections trains (the
+    adapter that ships, once a recipe was chosen on a split).
+
     ``eval_only`` holds nothing for training: the evaluation side is ``eval_laws``, or
     every law with sections when none is named (a set that measures an adapter,
     trained elsewhere, on laws it never saw).
@@ -111,6 +114,10 @@ def split_laws(
         if not laws:
             raise SplitError("no law has a section to evaluate on")
         return Split((), tuple(laws))
+    if eval_fraction == 0:  # train on every law: the set an adapter ships with
+        if not laws:
+            raise SplitError("no law has a section to train on")
+        return Split(tuple(laws), ())
     if len(laws) < 2:
         raise SplitError(f"splitting by law needs two laws with sections, found {laws}")
     if not 0 < eval_fraction < 1:
@@ -232,7 +239,8 @@ def write_sets(
     source: str = "",
 ) -> dict[str, Any]:
     """Write train.jsonl, corpus.jsonl, queries.jsonl, qrels.tsv and split.json under
-    ``out``; returns what split.json holds. With ``eval_only`` there is no train.jsonl
+    ``out``; returns what split.json holds. With nothing held out there are no
+    evaluation files, and with ``eval_only`` there is no train.jsonl
     (one left from an earlier run in ``out`` is removed: split.json must describe the
     folder as it is)."""
     kinds = pair_kinds(pair_types)
@@ -260,15 +268,21 @@ def write_sets(
             ),
         )
     held_out = retrieval_set([by_slug[slug] for slug in split.eval])
-    write_jsonl(
-        out / "corpus.jsonl",
-        (
-            {"id": s.id, "text": s.body, "metadata": {"law": s.law, "number": s.number}}
-            for s in held_out.corpus
-        ),
-    )
-    write_jsonl(out / "queries.jsonl", ({"id": k, "text": v} for k, v in held_out.queries.items()))
-    write_qrels(out / "qrels.tsv", held_out.qrels)
+    if not split.eval:  # nothing held out: no evaluation files (an earlier run's removed)
+        for name in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"):
+            (out / name).unlink(missing_ok=True)
+    else:
+        write_jsonl(
+            out / "corpus.jsonl",
+            (
+                {"id": s.id, "text": s.body, "metadata": {"law": s.law, "number": s.number}}
+                for s in held_out.corpus
+            ),
+        )
+        write_jsonl(
+            out / "queries.jsonl", ({"id": k, "text": v} for k, v in held_out.queries.items())
+        )
+        write_qrels(out / "qrels.tsv", held_out.qrels)
     summary: dict[str, Any] = {
         "source": source,
         "seed": seed,

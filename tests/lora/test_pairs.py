@@ -243,3 +243,16 @@ def test_unknown_pair_kinds_name_the_valid_ones() -> None:
     with pytest.raises(PairKindError, match="no pair type"):
         pair_kinds([])
     assert pair_kinds(["reference", "heading", "reference"]) == ("reference", "heading")
+
+
+def test_eval_fraction_zero_trains_on_every_law_and_writes_no_evaluation(tmp_path: Path) -> None:
+    assert split_laws({"a": 1, "b": 2, "c": 0}, eval_fraction=0, seed=0) == Split(("a", "b"), ())
+    with pytest.raises(SplitError, match="no law"):
+        split_laws({"c": 0}, eval_fraction=0, seed=0)
+    laws = read_laws(write_laws(tmp_path / "laws"))
+    out = tmp_path / "set"
+    write_sets(laws, out, eval_laws=["turlg"])  # an earlier run's evaluation files
+    summary = write_sets(laws, out, eval_fraction=0)
+    assert summary["eval_laws"] == [] and summary["corpus"] == 0
+    assert summary["train_pairs"] == sum(len(law.sections) for law in laws)
+    assert not any((out / n).exists() for n in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"))
