@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -73,8 +73,12 @@ class ModelHost(Lifecycle):
         generator_loader: GeneratorLoader = load_generator,
         ocr_loader: OcrLoader = load_ocr,
         ocr_limits: OcrLimits | None = None,
+        adapter_models: Collection[str] = (),
     ) -> None:
         self.fleet = fleet
+        # models that must take adapters though none is declared or registered at load
+        # (a recipe search registers its trials' as it goes)
+        self.adapter_models = frozenset(adapter_models)
         self.adapters = adapters or AdapterCatalog(fleet)
         self.queue = queue
         self.request_limits = request_limits
@@ -120,7 +124,8 @@ class ModelHost(Lifecycle):
         """The tuned profile for this device when the fleet leaves it open (dtype: auto),
         else the fleet's; with ``untuned='quick'`` an open one with no tuned profile is
         tuned briefly here. Blocking (a quick tune takes seconds): run in a thread."""
-        choice = profile_for(spec, device, fingerprint(device), self.tuned)
+        adapters = spec.name in self.adapter_models or bool(self.adapters.names(spec.name))
+        choice = profile_for(spec, device, fingerprint(device), self.tuned, adapters=adapters)
         if (
             spec.task not in (Task.GENERATE, Task.OCR)  # the quick tune times embedders
             and choice.source == "fleet"

@@ -143,11 +143,25 @@ def tunable(spec: ModelSpec, device: DeviceKind) -> str | None:
     return None
 
 
+# Runtimes that run LoRA adapters per request (peft's layers); exported graphs cannot.
+ADAPTER_RUNTIMES = frozenset({"torch"})
+
+
 def profile_for(
-    spec: ModelSpec, device: DeviceKind, fingerprint: str, tuned: TunedProfiles
+    spec: ModelSpec,
+    device: DeviceKind,
+    fingerprint: str,
+    tuned: TunedProfiles,
+    *,
+    adapters: bool = False,
 ) -> ProfileChoice:
     """The tuned profile when the fleet opts in (dtype: auto) and the fingerprint
-    matches; the fleet's own profile otherwise, saying why."""
+    matches; the fleet's own profile otherwise, saying why.
+
+    A model that serves adapters (``adapters``: its fleet entry or its adapters folder
+    names some, or a command asks for them) needs a runtime that takes them: when the
+    fastest tuned one cannot, the tuned runner-up serves if it can, else the fleet's
+    profile."""
     fleet = spec.profile(device)
     if (pinned := tunable(spec, device)) is not None:
         return ProfileChoice(fleet, "fleet", fingerprint, f"{pinned}; the fleet's profile")
@@ -156,8 +170,16 @@ def profile_for(
         why = f"no tuned profile for {fingerprint}; the fleet's profile"
         return ProfileChoice(fleet, "fleet", fingerprint, why)
     m = entry.measured
-    why = (
-        f"tuned for {fingerprint} on {m.date or 'an unknown date'}: "
-        f"{m.tokens_per_s:,.0f} tok/s, worst cosine {m.worst_cosine:.5f}"
-    )
-    return ProfileChoice(fleet.model_copy(update=entry.profile), "tuned", fingerprint, why)
+    tuned_on = f"tuned for {fingerprint} on {m.date or 'an unknown date'}"
+    chosen, tokens_per_s = entry.profile, m.tokens_per_s
+    runtime = chosen.get("runtime", fleet.runtime)
+    if adapters and runtime not in ADAPTER_RUNTIMES:
+        runner_up = m.runner_up or {}
+        if runner_up.get("runtime") not in ADAPTER_RUNTIMES:
+            why = f"{tuned_on}, but {runtime} cannot take adapters; the fleet's profile"
+            return ProfileChoice(fleet, "fleet", fingerprint, why)
+        chosen = {k: v for k, v in runner_up.items() if k in TUNED_FIELDS}
+        tuned_on += f" ({runtime} cannot take adapters: the runner-up)"
+        tokens_per_s = float(runner_up.get("tokens_per_s", 0.0))
+    why = f"{tuned_on}: {tokens_per_s:,.0f} tok/s, worst cosine {m.worst_cosine:.5f}"
+    return ProfileChoice(fleet.model_copy(update=chosen), "tuned", fingerprint, why)

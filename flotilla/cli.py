@@ -601,7 +601,7 @@ def lora_sweep(
         typer.Option(
             "--space",
             help="A YAML or JSON search space (lora.sweep.SearchSpace: lists to choose from, "
-            "train_lr as [low, high]); keys left out keep their defaults.",
+            "train_lr as a pair: low, high); keys left out keep their defaults.",
         ),
     ] = None,
     pairs: Annotated[

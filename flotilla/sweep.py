@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from embedder.adapters import AdapterCatalog
+from embedder.errors import FlotillaError
 from embedder.fleet import load_fleet
 from flotilla import wiring
 from flotilla.settings import LoraSettings
 from lora.compare import compare, describe
 from lora.config import TrainConfig
 from lora.dataset import read_corpus, read_qrels, read_queries
-from lora.evaluate import SystemResult, dense_system, score
+from lora.evaluate import EvalError, SystemResult, dense_system, score
 from lora.manifest import read_manifest
 from lora.metrics import Qrels
 from lora.sweep import (
@@ -100,7 +101,31 @@ class PipelineRunner:
     def __call__(self, name: str, recipe: Recipe, seed: int) -> Outcome:
         folder = self.out / "trials" / name
         folder.mkdir(parents=True, exist_ok=True)
-        log = folder / "train.log"
+        if not _trained(folder / "adapter", recipe, seed):
+            self._train(folder, recipe, seed, folder / "train.log")
+        manifest = read_manifest(folder / "adapter")
+        started = time.perf_counter()
+        try:
+            self.catalog.register(self.base, name, folder / "adapter")
+            result = asyncio.run_coroutine_threadsafe(
+                self.score(f"{self.base}:{name}"), self.loop
+            ).result()
+        except (EvalError, FlotillaError) as exc:  # the trial fails, the sweep goes on
+            raise TrialFailed(f"scoring failed: {exc}") from exc
+        eval_device_s = (time.perf_counter() - started) * self.cores
+        (folder / "scores.json").write_text(json.dumps(result.per_query) + "\n")
+        return Outcome(
+            ndcg=result.metrics["ndcg@10"],
+            metrics=result.metrics,
+            train_device_s=float(manifest["cost"]["device_seconds"]),
+            eval_device_s=eval_device_s,
+            tokens=int(manifest["measured"]["tokens"]),
+            peak_rss_bytes=int(manifest["measured"]["peak_rss_bytes"]),
+            loss_last=float(manifest["metrics"]["loss_last"]),
+            per_query=result.per_query,
+        )
+
+    def _train(self, folder: Path, recipe: Recipe, seed: int, log: Path) -> None:
         command = [
             sys.executable,
             "-m",
@@ -127,24 +152,6 @@ class PipelineRunner:
                 f"lora train exited {done.returncode}: "
                 + log.read_text(encoding="utf-8")[-LOG_TAIL:].strip()
             )
-        manifest = read_manifest(folder / "adapter")
-        self.catalog.register(self.base, name, folder / "adapter")
-        started = time.perf_counter()
-        result = asyncio.run_coroutine_threadsafe(
-            self.score(f"{self.base}:{name}"), self.loop
-        ).result()
-        eval_device_s = (time.perf_counter() - started) * self.cores
-        (folder / "scores.json").write_text(json.dumps(result.per_query) + "\n")
-        return Outcome(
-            ndcg=result.metrics["ndcg@10"],
-            metrics=result.metrics,
-            train_device_s=float(manifest["cost"]["device_seconds"]),
-            eval_device_s=eval_device_s,
-            tokens=int(manifest["measured"]["tokens"]),
-            peak_rss_bytes=int(manifest["measured"]["peak_rss_bytes"]),
-            loss_last=float(manifest["metrics"]["loss_last"]),
-            per_query=result.per_query,
-        )
 
     async def score(self, model: str) -> SystemResult:
         return await dense_system(
@@ -156,6 +163,31 @@ class PipelineRunner:
             collection=self.settings.collection,
             model=model,
         )
+
+
+def _trained(adapter: Path, recipe: Recipe, seed: int) -> bool:
+    """An adapter of this recipe and seed is already there (a sweep stopped between
+    training a trial and scoring it): it is scored, not trained again."""
+    try:
+        m = read_manifest(adapter)
+    except (OSError, ValueError):
+        return False
+    t = m["training"]
+    negatives = (t.get("negatives") or {}).get("per_query", 0)
+    return (
+        m["adapter"]["rank"] == recipe.lora_rank
+        and m["adapter"]["alpha"] == 2 * recipe.lora_rank
+        and ",".join(m["adapter"]["targets"]) == recipe.lora_targets
+        and (t["lr"], t["steps"], t["batch_size"], t["scale"], t["seed"], negatives)
+        == (
+            recipe.train_lr,
+            recipe.train_max_steps,
+            recipe.train_batch_size,
+            recipe.train_scale,
+            seed,
+            recipe.train_negatives,
+        )
+    )
 
 
 def _line(trial: Trial, budget: Budget) -> str:
@@ -204,7 +236,8 @@ def sweep(
     )
 
     async def run() -> tuple[SystemResult, float, list[Trial], Budget, list[Trial]]:
-        async with wiring.running_stack(settings, models=[base]) as stack:
+        # the trials' adapters are registered as they come: the base must take them
+        async with wiring.running_stack(settings, models=[base], with_adapters=[base]) as stack:
             runner = PipelineRunner(
                 settings,
                 base=base,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
 
 import uvicorn
@@ -173,6 +173,7 @@ def model_host(
     queue: JobPuller,
     adapters: AdapterCatalog,
     loader: RuntimeLoader = load_runtime,
+    adapter_models: Collection[str] = (),
 ) -> ModelHost:
     """The fleet on this machine's device, pulling from ``queue`` once loaded."""
     return ModelHost(
@@ -186,6 +187,7 @@ def model_host(
         tuned=load_tuned(settings.tuned_file),
         untuned=settings.untuned,
         ocr_limits=ocr_limits(settings),
+        adapter_models=adapter_models,
     )
 
 
@@ -209,13 +211,18 @@ def local_stack(
     models: Sequence[str] | None = None,
     serving_url: str | None = None,
     loader: RuntimeLoader = load_runtime,
+    with_adapters: Collection[str] = (),
 ) -> LocalStack:
     """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``).
     ``models`` (names, aliases or 'model:adapter') cuts the fleet to what a command
-    uses, the first becoming the default; every model of the fleet when None."""
+    uses, the first becoming the default; every model of the fleet when None. The base
+    of a 'model:adapter', and each model of ``with_adapters``, runs on a runtime that
+    takes adapters."""
     fleet = configured_fleet(settings)
     if models is not None:
         fleet = fleet.only([split_model(name)[0] for name in models])
+    wanted = [*with_adapters, *(split_model(n)[0] for n in models or () if split_model(n)[1])]
+    adapter_models = {fleet.get(name).name for name in wanted}
     adapters = adapter_catalog(settings, fleet)
     queue = InProcessQueue()
     store = store or configured_store(settings, serving_url=serving_url)
@@ -226,7 +233,7 @@ def local_stack(
     reader = QueueReader(
         queue, bytes_per_token=settings.bytes_per_token, max_pages=settings.ocr_max_pages
     )
-    host = model_host(settings, fleet, queue, adapters, loader)
+    host = model_host(settings, fleet, queue, adapters, loader, adapter_models)
     core = IngestCore(embedder, store, rules, chunking=chunking(settings, host), reader=reader)
     return LocalStack(fleet, adapters, queue, host, store, core)
 
@@ -253,13 +260,14 @@ async def running_stack(
     store: VectorStore | None = None,
     models: Sequence[str] | None = None,
     claim: Sequence[str] = (),
+    with_adapters: Collection[str] = (),
 ) -> AsyncIterator[LocalStack]:
     """A local stack with its models loaded and its worker pulling, writing to the
     configured store (or to ``store``, which it then closes). The collections in
     ``claim`` are opened before any model loads, so one that another process owns
     fails the command at once (``ShardLocked``). Raises ``Stopped`` if ``stop`` is set
     before the models are loaded."""
-    stack = local_stack(settings, store, models=models)
+    stack = local_stack(settings, store, models=models, with_adapters=with_adapters)
     async with stack.store:
         await claim_collections(stack, claim)
         async with stack.host:

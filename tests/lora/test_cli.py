@@ -125,17 +125,22 @@ def test_eval_needs_something_to_evaluate(runner: CliRunner, tmp_path: Path) -> 
     assert result.exit_code == 2 and "nothing to evaluate" in result.output
 
 
-@pytest.mark.slow
-def test_train_then_cost_on_a_fleet_model(
-    runner: CliRunner, tmp_path: Path, tiny_models: dict[str, Path]
-) -> None:
+def tiny_fleet_and_set(runner: CliRunner, tmp_path: Path, model: Path) -> tuple[Path, Path]:
+    """A fleet file serving ``model`` as 'tiny', and a set from the test laws (tverf held out)."""
     fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump({"models": {"tiny": {"source": {"path": str(
-        tiny_models["tiny-a"])}}}}))  # fmt: skip
+    fleet.write_text(yaml.safe_dump({"models": {"tiny": {"source": {"path": str(model)}}}}))
     laws = write_laws(tmp_path / "laws")
     data = tmp_path / "set"
     assert runner.invoke(app, ["lora", "data", "gesetze", "--src", str(laws), "--out",
                                str(data), "--eval-laws", "tverf"]).exit_code == 0  # fmt: skip
+    return fleet, data
+
+
+@pytest.mark.slow
+def test_train_then_cost_on_a_fleet_model(
+    runner: CliRunner, tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    fleet, data = tiny_fleet_and_set(runner, tmp_path, tiny_models["tiny-a"])
     out = tmp_path / "adapter"
     with hub_offline():
         result = runner.invoke(
@@ -162,13 +167,7 @@ def test_train_then_cost_on_a_fleet_model(
 def test_sweep_trains_scores_and_reports(
     runner: CliRunner, tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump({"models": {"tiny": {"source": {"path": str(
-        tiny_models["tiny-a"])}}}}))  # fmt: skip
-    laws = write_laws(tmp_path / "laws")
-    data = tmp_path / "set"
-    assert runner.invoke(app, ["lora", "data", "gesetze", "--src", str(laws), "--out",
-                               str(data), "--eval-laws", "tverf"]).exit_code == 0  # fmt: skip
+    fleet, data = tiny_fleet_and_set(runner, tmp_path, tiny_models["tiny-a"])
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"lora_rank": [2, 4], "lora_targets": ["query,value"],
         "train_max_steps": [2], "train_batch_size": [2], "train_negatives": [0, 1],
