@@ -95,3 +95,30 @@ def test_a_missing_file_is_empty_and_a_malformed_one_names_itself(tmp_path: Path
 
 def test_the_shipped_file_is_valid() -> None:
     load_tuned(DEFAULT_TUNED)
+
+
+def graph_tuned(runner_up: dict[str, object] | None) -> TunedProfiles:
+    """The fastest tuned runtime an exported graph, with the given runner-up."""
+    entry = TunedEntry(
+        profile=TUNED_FIELDS | {"runtime": "openvino"},
+        measured=Measured(tokens_per_s=5_500, worst_cosine=0.99999, runner_up=runner_up),
+    )
+    return TunedProfiles().with_entry("m", FP, entry)
+
+
+def test_a_model_serving_adapters_takes_the_runner_up_that_can_run_them() -> None:
+    runner_up = TUNED_FIELDS | {"forward_tokens": 2048, "tokens_per_s": 3_100.0}
+    choice = profile_for(spec(), "cpu", FP, graph_tuned(runner_up), adapters=True)
+    assert choice.source == "tuned" and choice.profile.runtime == "torch"
+    assert choice.profile.forward_tokens == 2048 and choice.profile.max_wait_ms == 7
+    assert "openvino cannot take adapters" in choice.why and "3,100 tok/s" in choice.why
+    # without adapters the fastest serves
+    assert profile_for(spec(), "cpu", FP, graph_tuned(runner_up)).profile.runtime == "openvino"
+
+
+def test_without_a_runner_up_that_runs_adapters_the_fleets_profile_serves() -> None:
+    onnx = TUNED_FIELDS | {"runtime": "onnx", "tokens_per_s": 4_000.0}
+    for runner_up in (onnx, None):
+        choice = profile_for(spec(), "cpu", FP, graph_tuned(runner_up), adapters=True)
+        assert choice.source == "fleet" and choice.profile.runtime == "torch"
+        assert "cannot take adapters" in choice.why
