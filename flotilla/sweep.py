@@ -329,6 +329,9 @@ def _report(
     }
     text = table(trials, baselines)
     if chosen is not None and chosen.outcome is not None:
+        if not chosen.outcome.per_query:  # a trial of an earlier run: its scores' file
+            scores = out / "trials" / f"t{chosen.number:03d}" / "scores.json"
+            chosen.outcome.per_query = json.loads(scores.read_text(encoding="utf-8"))
         comparison = compare(
             (base, base_result.per_query),
             (f"trial {chosen.number}", chosen.outcome.per_query),

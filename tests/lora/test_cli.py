@@ -173,13 +173,12 @@ def test_sweep_trains_scores_and_reports(
         "train_max_steps": [2], "train_batch_size": [2], "train_negatives": [0, 1],
         "train_scale": [20.0]}))  # fmt: skip
     out = tmp_path / "sweep"
+    command = ["lora", "sweep", "--base", "tiny", "--data", str(data), "--out", str(out),
+               "--space", str(space), "--max-trials", "2", "--seeds", "2", "--first-steps", "2",
+               "--fleet", str(fleet), "--device", "cpu", "--lora-rank", "2",
+               "--train-batch-size", "2"]  # fmt: skip
     with hub_offline():
-        result = runner.invoke(
-            app, ["lora", "sweep", "--base", "tiny", "--data", str(data), "--out", str(out),
-                  "--space", str(space), "--max-trials", "2", "--seeds", "2", "--first-steps",
-                  "2", "--fleet", str(fleet), "--device", "cpu", "--lora-rank", "2",
-                  "--train-batch-size", "2"],
-        )  # fmt: skip
+        result = runner.invoke(app, command)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "sweep.json").read_text())
     trials = report["trials"]
@@ -200,3 +199,10 @@ def test_sweep_trains_scores_and_reports(
     assert recipe["lora_rank"] == trials[chosen["trial"]]["recipe"]["lora_rank"]
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert "chosen: trial" in (out / "sweep.md").read_text()
+    # run again: the finished trials stand, nothing is trained, the report is the same
+    with hub_offline():
+        again = runner.invoke(app, command)
+    assert again.exit_code == 0, again.output
+    rerun = json.loads((out / "sweep.json").read_text())
+    assert [t["ndcg@10"] for t in rerun["trials"]] == [t["ndcg@10"] for t in trials]
+    assert rerun["chosen"]["comparison"] == chosen["comparison"]
