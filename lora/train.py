@@ -344,7 +344,7 @@ def train(
         report_to="none",
         disable_tqdm=not (show_progress and on_terminal),
         dataloader_num_workers=0,
-        gradient_checkpointing=config.train_gradient_checkpointing,
+        gradient_checkpointing=config.train_activations == "recompute",
         # non-reentrant: recomputes through peft's layers with the base's inputs frozen
         gradient_checkpointing_kwargs={"use_reentrant": False},
     )
@@ -406,7 +406,7 @@ def train(
             prompts=prompts,
             loss=config.train_loss,
             mini_batch_size=config.train_mini_batch_size,
-            gradient_checkpointing=config.train_gradient_checkpointing,
+            gradient_checkpointing=config.train_activations == "recompute",
             attention_dropout=config.train_attention_dropout,
             negatives=mining,
         ),
