@@ -48,6 +48,7 @@ from lora.sweep import (
     search,
     spread,
     table,
+    trial_name,
     write_json,
 )
 
@@ -295,7 +296,7 @@ def _other_seeds(runner: PipelineRunner, chosen: Trial | None, seeds: int) -> li
     for seed in range(1, seeds):
         print(f"seed {seed} of the chosen recipe {chosen.recipe.label()}", flush=True)
         try:
-            outcome = runner(f"t{chosen.number:03d}-seed{seed}", chosen.recipe, seed)
+            outcome = runner(trial_name(chosen.number, seed), chosen.recipe, seed)
         except TrialFailed as exc:
             others.append(Trial(chosen.number, chosen.recipe, seed, "failed", None, str(exc)))
         else:
@@ -330,23 +331,22 @@ def _report(
     text = table(trials, baselines)
     if chosen is not None and chosen.outcome is not None:
         if not chosen.outcome.per_query:  # a trial of an earlier run: its scores' file
-            scores = out / "trials" / f"t{chosen.number:03d}" / "scores.json"
+            scores = out / "trials" / trial_name(chosen.number) / "scores.json"
             chosen.outcome.per_query = json.loads(scores.read_text(encoding="utf-8"))
         comparison = compare(
             (base, base_result.per_query),
             (f"trial {chosen.number}", chosen.outcome.per_query),
             qrels,
         )
-        values = [chosen.outcome.ndcg] + [t.outcome.ndcg for t in seeds if t.outcome]
+        s = spread([chosen.outcome.ndcg] + [t.outcome.ndcg for t in seeds if t.outcome])
         document["chosen"] = {
             "trial": chosen.number,
             "recipe": chosen.recipe.knobs() | {"pairs": chosen.recipe.pairs},
             "comparison": comparison.as_dict(),
             "seeds": [chosen.row()] + [t.row() for t in seeds],
-            "seed_spread": spread(values),
+            "seed_spread": s,
         }
         write_json(out / "recipe.json", document["chosen"]["recipe"])
-        s = spread(values)
         text += (
             f"\n\nchosen: trial {chosen.number}, {chosen.recipe.label()}\n"
             f"{describe(comparison)}\n"

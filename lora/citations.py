@@ -135,6 +135,11 @@ def citations(sentence: str, abbreviation: str = "") -> list[Citation]:
     ]
 
 
+def count_words(text: str) -> int:
+    """Words of two letters or more (numbers and markers are not words)."""
+    return len(_LETTERS.findall(text))
+
+
 def words_outside_citations(sentence: str) -> int:
     """Words of two letters or more that are not part of a citation: "§ 5 gilt
     entsprechend." has two."""
@@ -143,7 +148,7 @@ def words_outside_citations(sentence: str) -> int:
         rest.append(sentence[cursor : r.start])
         cursor = r.end
     rest.append(sentence[cursor:])
-    return len(_LETTERS.findall(" ".join(rest)))
+    return count_words(" ".join(rest))
 
 
 Token = tuple[str, int, int]

@@ -23,14 +23,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lora.citations import cited_ids, sentences, words_outside_citations
+from lora.citations import cited_ids, count_words, sentences, words_outside_citations
 from lora.dataset import Pair, Qrels, write_jsonl, write_qrels
 from lora.gesetze import Law, Section
 
@@ -42,7 +41,6 @@ MIN_WORDS = 5
 # The first references to a section, in document order, and no more: the heavily cited
 # ones (definitions, "§ 280") would otherwise fill the reference pairs.
 REFERENCES_PER_SECTION = 5
-_WORDS = re.compile(r"[^\W\d_]{2,}")
 
 
 class SplitError(ValueError):
@@ -161,7 +159,7 @@ def paragraph_pairs(law: Law) -> list[Pair]:
             pairs += [
                 Pair(s.title, text, s.id, s.law, "paragraph")
                 for text in paragraphs
-                if len(_WORDS.findall(text)) >= MIN_WORDS
+                if count_words(text) >= MIN_WORDS
             ]
     return pairs
 

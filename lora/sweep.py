@@ -87,6 +87,17 @@ class SearchSpace(BaseModel):
         return self.model_copy(update=update)
 
 
+def text_rows(steps: int, batch_size: int, negatives: int) -> int:
+    """Texts a run embeds (a query, its positive and its negatives per row): what its
+    cost grows with."""
+    return steps * batch_size * (2 + negatives)
+
+
+def trial_name(number: int, seed: int = 0) -> str:
+    """A trial's folder and adapter name; another seed of it is a name of its own."""
+    return f"t{number:03d}" + (f"-seed{seed}" if seed else "")
+
+
 @dataclass(frozen=True, slots=True)
 class Recipe:
     """One trial's knobs: the swept ones (the rest come from the sweep's settings)."""
@@ -102,8 +113,7 @@ class Recipe:
 
     @property
     def rows(self) -> int:
-        """Text-rows the recipe runs: what its cost grows with."""
-        return self.train_max_steps * self.train_batch_size * (2 + self.train_negatives)
+        return text_rows(self.train_max_steps, self.train_batch_size, self.train_negatives)
 
     def knobs(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k != "pairs"}
@@ -220,8 +230,8 @@ class Budget:
 
 def cheapest(space: SearchSpace) -> int:
     """Text-rows of the cheapest recipe in the space."""
-    return (
-        min(space.train_max_steps) * min(space.train_batch_size) * (2 + min(space.train_negatives))
+    return text_rows(
+        min(space.train_max_steps), min(space.train_batch_size), min(space.train_negatives)
     )
 
 
@@ -312,7 +322,7 @@ def search(
         else:
             skipped_in_a_row = 0
             try:
-                record.outcome = run(f"t{trial.number:03d}", recipe, record.seed)
+                record.outcome = run(trial_name(trial.number), recipe, record.seed)
             except TrialFailed as exc:
                 record.state, record.note = "failed", str(exc)
                 _finish(study, trial, record, optuna.trial.TrialState.FAIL)
@@ -332,8 +342,8 @@ class TrialFailed(RuntimeError):
 def _finish(
     study: Any, trial: Any, record: Trial, state: Any = None, *, value: float | None = None
 ) -> None:
+    # per-query scores stay in the trial's own file (the runner's), not in the study
     attrs = record.row() | {
-        "recipe": asdict(record.recipe),
         "outcome": None if record.outcome is None else asdict(record.outcome) | {"per_query": {}},
     }
     for key, item in attrs.items():
