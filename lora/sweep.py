@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -71,6 +71,16 @@ class SearchSpace(BaseModel):
         if min(self.train_batch_size) < 2:
             raise ValueError("train_batch_size: in-batch negatives need at least 2 rows")
         return self
+
+    def size(self) -> int | None:
+        """How many recipes the space holds; None while the learning rate is a range."""
+        if self.train_lr[0] < self.train_lr[1]:
+            return None
+        count = max(len(self.pairs), 1)
+        for name in SWEPT:
+            if name != "train_lr":
+                count *= len(getattr(self, name))
+        return count
 
     def including(self, recipe: Recipe) -> SearchSpace:
         """The space widened to hold ``recipe`` (the defaults are always a candidate)."""
@@ -304,14 +314,22 @@ def search(
             trials.append(done)
             if done.outcome is not None:
                 budget.charge(done.recipe, done.outcome)
-    if not trials:
-        study.enqueue_trial(_as_params(first, space))
+    if not trials:  # the defaults first, on each training set: the sets' ablation
+        for pairs in space.pairs or [first.pairs]:
+            study.enqueue_trial(_as_params(replace(first, pairs=pairs), space))
+    tried = {t.recipe for t in trials if t.state != "skipped"}
     skipped_in_a_row = 0
     while budget.left > 0 and (max_trials <= 0 or len(trials) < max_trials):
         if (budget.estimate(cheapest(space)) or 0.0) > budget.left or skipped_in_a_row >= 20:
             break  # not even the cheapest recipe fits (or the sampler keeps offering misfits)
+        if len(tried) == space.size():
+            break  # every recipe of a finite space has run
         trial = study.ask()
         recipe = _suggest(trial, space)
+        if recipe in tried:  # the same seed would train the same adapter: not run, not listed
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            skipped_in_a_row += 1
+            continue
         record = Trial(trial.number, recipe, 0, "done")
         if not budget.fits(recipe):
             estimate = budget.estimate(recipe) or 0.0
@@ -329,6 +347,8 @@ def search(
             else:
                 budget.charge(recipe, record.outcome)
                 _finish(study, trial, record, value=record.outcome.ndcg)
+        if record.state != "skipped":
+            tried.add(recipe)
         trials.append(record)
         if on_trial is not None:
             on_trial(record, budget)

@@ -90,6 +90,32 @@ def test_an_interrupted_sweep_resumes_without_rerunning(tmp_path: Path) -> None:
     assert budget.spent == pytest.approx(sum(t.outcome.device_s for t in ran if t.outcome))
 
 
+def test_one_recipe_on_several_sets_is_an_ablation_run_once_each(tmp_path: Path) -> None:
+    fixed = SearchSpace(
+        lora_rank=[FIRST.lora_rank],
+        lora_targets=[FIRST.lora_targets],
+        train_lr=(FIRST.train_lr, FIRST.train_lr),
+        train_scale=[FIRST.train_scale],
+        train_max_steps=[FIRST.train_max_steps],
+        train_negatives=[FIRST.train_negatives],
+        train_batch_size=[FIRST.train_batch_size],
+        pairs=["heading", "paragraph", "all"],
+    )
+    runner = Runner()
+    first = default_recipe(TrainConfig(train_batch_size=4), steps=10, pairs="heading")
+    trials, budget = search(
+        runner, fixed, first=first, budget_device_s=1000.0, storage=tmp_path / "s.db"
+    )
+    # each set once, in the order given, then the search stops: nothing else is left
+    assert [r.pairs for r in runner.calls] == ["heading", "paragraph", "all"]
+    assert len(trials) == 3 and budget.left > 900
+    again = Runner()  # resumed: every recipe has run, so nothing runs again
+    resumed, _ = search(
+        again, fixed, first=first, budget_device_s=1000.0, storage=tmp_path / "s.db"
+    )
+    assert again.calls == [] and len(resumed) == 3
+
+
 def test_a_failed_trial_is_recorded_and_the_search_goes_on(tmp_path: Path) -> None:
     runner = Runner(fail_rank=16)  # the defaults' rank
     trials, _ = search(
