@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable
+from typing import ParamSpec
+
+P = ParamSpec("P")
 
 
 async def eventually(
@@ -22,3 +26,20 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def bounded(
+    seconds: float,
+) -> Callable[[Callable[P, Awaitable[None]]], Callable[P, Awaitable[None]]]:
+    """An async test that fails after ``seconds`` with a TimeoutError chained to the
+    await it was stuck on: an idle event loop shows nothing in a thread dump."""
+
+    def wrap(test: Callable[P, Awaitable[None]]) -> Callable[P, Awaitable[None]]:
+        @functools.wraps(test)
+        async def run(*args: P.args, **kwargs: P.kwargs) -> None:
+            async with asyncio.timeout(seconds):
+                await test(*args, **kwargs)
+
+        return run
+
+    return wrap

@@ -21,7 +21,7 @@ from embedder.queue.jetstream.liveness import WorkerLiveness
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.settings import Settings
 from flotilla.transports import JetStreamTransport
-from tests.distributed.helpers import eventually
+from tests.distributed.helpers import bounded, eventually
 from tests.fakes import FAIL_MARKER, FakeLoader
 from tests.gateway.conftest import running_stack
 from tests.kafka.fixtures import unique_name
@@ -140,6 +140,7 @@ class _ClaimsReady:
         return {}
 
 
+@bounded(120)
 async def test_a_request_no_worker_answers_ends_in_504_not_a_hang(settings: Settings) -> None:
     assert settings.nats is not None
     beat = WorkerLiveness(
