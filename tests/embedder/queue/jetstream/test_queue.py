@@ -25,6 +25,7 @@ from embedder.errors import (
     Undeliverable,
 )
 from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.queue.jetstream import puller as puller_module
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
 from embedder.queue.jetstream.puller import JetStreamPuller
@@ -358,6 +359,20 @@ async def test_pull_keeps_to_the_budget_and_hands_out_the_most_urgent_first(
         # Over the budget, still one: else a job bigger than every worker's room starves.
         await submitter.put(job("big", tokens=1_000))
         assert await pull_until(puller, 1, max_tokens=250) == ["big"]
+
+
+async def test_a_slow_first_fetch_still_takes_the_requests_waiting_behind_it(
+    nats_server: NatsServer, config: JetStreamConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a busy machine the first fetch can take longer than the backlog window even
+    with requests waiting: the server's count of them, not the time, decides."""
+    monkeypatch.setattr(puller_module, "BACKLOG_S", -1.0)  # every first fetch is "slow"
+    async with queue(nats_server, config) as (submitter, [puller]):
+        for i in range(5):
+            await submitter.put(job(f"j{i}", tokens=10))
+        assert sorted(j.id for j in await puller.pull(["alpha"], 1_000, WAIT_S)) == [
+            f"j{i}" for i in range(5)
+        ]
 
 
 async def test_a_duplicate_or_unknown_reply_is_dropped(
