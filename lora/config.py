@@ -131,7 +131,8 @@ class TrainConfig(BaseModel):
     train_max_steps: int = Field(
         default=0,
         ge=0,
-        description="Stop after N steps (0: run every epoch); for timing and smoke runs.",
+        description="Run N steps, passing over the pairs again as often as that takes "
+        "(0: --train-epochs passes).",
     )
 
     @field_validator("lora_targets", mode="before")

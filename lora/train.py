@@ -20,6 +20,7 @@ whole run.
 
 from __future__ import annotations
 
+import math
 import random
 import resource
 import shutil
@@ -367,8 +368,9 @@ def train(
     )
     trainer.counts = counts
     trainer.remove_callback(PrinterCallback)  # a dict per step; the lines above say it
+    per_epoch_steps = len(trainer.get_train_dataloader())
     if lines is not None:
-        lines.total = _planned_steps(trainer, config)
+        lines.total = config.train_max_steps or per_epoch_steps * config.train_epochs
     model.train()
     trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
     steps = int(trainer.state.global_step)
@@ -394,7 +396,7 @@ def train(
             pairs_file=str(pairs_path),
             pairs=len(pairs),
             data_sha256=data_sha,
-            epochs=config.train_epochs,
+            epochs=math.ceil(steps / per_epoch_steps) if steps else config.train_epochs,
             steps=steps,
             batch_size=config.train_batch_size,
             lr=config.train_lr,
@@ -446,9 +448,3 @@ def train(
     )
     write_manifest(out, manifest)
     return manifest
-
-
-def _planned_steps(trainer: Any, config: TrainConfig) -> int:
-    per_epoch = len(trainer.get_train_dataloader())
-    total = per_epoch * config.train_epochs
-    return min(total, config.train_max_steps) if config.train_max_steps else total

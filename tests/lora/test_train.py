@@ -124,6 +124,20 @@ def test_the_cached_loss_trains_the_same_adapter_shape(
     assert not np.allclose(before, after, atol=1e-4)
 
 
+def test_steps_past_an_epoch_pass_over_the_pairs_again(
+    tiny: Path, pairs: Path, tmp_path: Path
+) -> None:
+    """42 pairs in batches of 8 make an epoch of at most 5 steps: 8 steps run all 8,
+    into a second epoch, and the progress line and the manifest say so."""
+    log = io.StringIO()
+    with hub_offline():
+        manifest = train(BaseModelRef(tiny), pairs, tmp_path / "out", config(train_max_steps=8),
+                         Prices(), progress_stream=log)  # fmt: skip
+    assert manifest.training.steps == 8 and manifest.training.epochs == 2
+    assert len(manifest.metrics.loss_per_epoch) == 2
+    assert log.getvalue().splitlines()[-1].startswith("LoRA r=4: step 8/8 (100%), loss ")
+
+
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(
     tiny: Path, pairs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
