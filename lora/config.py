@@ -58,17 +58,20 @@ class TrainConfig(BaseModel):
         "e5's own training temperature (0.01); sentence-transformers' "
         "MultipleNegativesRankingLoss uses 20.",
     )
-    train_loss: Literal["mnrl", "cached_mnrl"] = Field(
+    train_loss: Literal["mnrl", "cached_mnrl", "gist", "cached_gist"] = Field(
         default="mnrl",
         description="The contrastive loss over in-batch negatives: 'mnrl' "
         "(MultipleNegativesRankingLoss) embeds a whole batch with gradients at once; "
         "'cached_mnrl' (GradCache) embeds it in mini-batches and holds the memory of one, "
-        "for large batches at small memory, at about a third more compute.",
+        "for large batches at small memory, at about a third more compute. 'gist' "
+        "(GISTEmbedLoss) and 'cached_gist' guide either by the frozen base: a negative it "
+        "scores above the pair's positive is dropped as a false negative, and queries and "
+        "passages are also contrasted among themselves; one more pass of the base a batch.",
     )
     train_mini_batch_size: int = Field(
         default=8,
         ge=1,
-        description="Texts per embedding mini-batch of 'cached_mnrl' (also cut at the "
+        description="Texts per embedding mini-batch of the cached losses (also cut at the "
         "profile's forward_tokens); smaller holds less memory, larger runs faster.",
     )
     train_negatives: int = Field(

@@ -54,7 +54,7 @@ class TrainingRecord:
     seed: int
     autocast: str
     prompts: dict[str, str]  # the base model's query/passage prompts, applied in training
-    loss: str  # "mnrl" or "cached_mnrl"
+    loss: str  # TrainConfig.train_loss: "mnrl", "cached_mnrl", "gist" or "cached_gist"
     mini_batch_size: int  # of the cached loss
     gradient_checkpointing: bool = False
     attention_dropout: float | None = None  # the base's, in training (None: an older run)

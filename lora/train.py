@@ -6,9 +6,10 @@ transformer (``model.add_adapter``), batches without a repeated query or passage
 (``BatchSamplers.NO_DUPLICATES``), the contrastive loss over in-batch negatives
 (``MultipleNegativesRankingLoss``, or its GradCache variant
 ``CachedMultipleNegativesRankingLoss``, which embeds in mini-batches of the serving
-profile's pass size and so holds a large batch at the memory of a small one), AdamW on
-the adapter's weights, linear warm-up and decay, gradients clipped at 1, checkpoints
-and their resumption.
+profile's pass size and so holds a large batch at the memory of a small one; or
+``GISTEmbedLoss`` and its cached variant, which drop the in-batch negatives that the
+frozen base scores above the pair's positive), AdamW on the adapter's weights, linear
+warm-up and decay, gradients clipped at 1, checkpoints and their resumption.
 
 What flotilla adds on top: the text the model sees is what serving gives it (the
 fleet's query and passage prompts put before the text here, as serving puts them, and
@@ -170,19 +171,41 @@ def _add_lora(model: Any, config: TrainConfig) -> None:
         raise TrainError(f"cannot add LoRA to the base: {exc}") from exc
 
 
-def _loss(model: Any, config: TrainConfig, forward_tokens: int) -> Any:
+def _guide(base: BaseModelRef, device: torch.device) -> Any:
+    """The base, frozen and apart from the model in training, for the GIST losses: its
+    view of which in-batch passages are really negatives does not move with training."""
+    guide = _load(base, device, attention_dropout=0.0)
+    guide.eval()
+    guide.requires_grad_(False)
+    return guide
+
+
+def _loss(model: Any, config: TrainConfig, base: BaseModelRef, device: torch.device) -> Any:
     from sentence_transformers.sentence_transformer import losses
 
+    # GradCache: embeddings in mini-batches of at most the profile's pass of real tokens
+    # without gradients, then one pass each with them: the memory of a mini-batch, the
+    # negatives of the whole batch
+    mini_batch, mini_batch_tokens = config.train_mini_batch_size, base.forward_tokens
     if config.train_loss == "cached_mnrl":
-        # GradCache: embeddings in mini-batches of at most the profile's pass of real
-        # tokens without gradients, then one pass each with them: the memory of a
-        # mini-batch, the negatives of the whole batch
         return losses.CachedMultipleNegativesRankingLoss(
             model,
             scale=config.train_scale,
-            mini_batch_size=config.train_mini_batch_size,
-            mini_batch_num_tokens=forward_tokens,
+            mini_batch_size=mini_batch,
+            mini_batch_num_tokens=mini_batch_tokens,
         )
+    if config.train_loss in ("gist", "cached_gist"):
+        # margin 0, absolute: a negative the guide scores above the positive is dropped
+        guide, temperature = _guide(base, device), 1.0 / config.train_scale
+        if config.train_loss == "cached_gist":
+            return losses.CachedGISTEmbedLoss(
+                model,
+                guide,
+                temperature=temperature,
+                mini_batch_size=mini_batch,
+                mini_batch_num_tokens=mini_batch_tokens,
+            )
+        return losses.GISTEmbedLoss(model, guide, temperature=temperature)
     return losses.MultipleNegativesRankingLoss(model, scale=config.train_scale)
 
 
@@ -363,7 +386,7 @@ def train(
         model=model,
         args=args,
         train_dataset=_dataset(pairs, prompts, negatives, config.train_negatives),
-        loss=_loss(model, config, base.forward_tokens),
+        loss=_loss(model, config, base, torch_device),
         callbacks=[measure],
     )
     trainer.counts = counts

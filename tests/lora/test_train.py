@@ -110,16 +110,17 @@ def test_training_writes_an_adapter_that_changes_embeddings(
     assert written["training"]["loss"] == "mnrl"
 
 
-def test_the_cached_loss_trains_the_same_adapter_shape(
-    tiny: Path, pairs: Path, tmp_path: Path
+@pytest.mark.parametrize("loss", ["cached_mnrl", "gist", "cached_gist"])
+def test_the_other_losses_train_the_same_adapter_shape(
+    tiny: Path, pairs: Path, tmp_path: Path, loss: str
 ) -> None:
-    knobs = config(train_loss="cached_mnrl", train_mini_batch_size=2, train_max_steps=2)
+    knobs = config(train_loss=loss, train_mini_batch_size=2, train_max_steps=2)
     with hub_offline():
-        manifest = train(BaseModelRef(tiny), pairs, tmp_path / "cached", knobs, Prices(),
+        manifest = train(BaseModelRef(tiny), pairs, tmp_path / loss, knobs, Prices(),
                          show_progress=False)  # fmt: skip
         texts = ["Urlaub 1", "Die Regeln über Miete im Fall 3 und 21."]
-        before, after = embed(tiny, None, texts), embed(tiny, tmp_path / "cached", texts)
-    assert manifest.training.loss == "cached_mnrl" and manifest.training.steps == 2
+        before, after = embed(tiny, None, texts), embed(tiny, tmp_path / loss, texts)
+    assert manifest.training.loss == loss and manifest.training.steps == 2
     assert manifest.measured.tokens > 0 and manifest.metrics.loss_first > 0
     assert not np.allclose(before, after, atol=1e-4)
 
