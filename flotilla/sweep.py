@@ -44,6 +44,7 @@ from lora.sweep import (
     TrialFailed,
     best,
     default_recipe,
+    held_settings,
     plot,
     search,
     spread,
@@ -232,9 +233,8 @@ def sweep(
         }
     )
     bm25 = score("bm25", "bm25", bm25_run(corpus, queries, language="de"), qrels)
-    first = default_recipe(
-        TrainConfig.model_validate(settings.model_dump()), first_steps, _first(space)
-    )
+    held = TrainConfig.model_validate(settings.model_dump())  # what no trial changes
+    first = default_recipe(held, first_steps, _first(space))
 
     async def run() -> tuple[SystemResult, float, list[Trial], Budget, list[Trial]]:
         # the trials' adapters are registered as they come: the base must take them
@@ -285,6 +285,7 @@ def sweep(
         base_result,
         base_device_s,
         qrels,
+        held,
     )
 
 
@@ -319,9 +320,11 @@ def _report(
     base_result: SystemResult,
     base_device_s: float,
     qrels: Qrels,
+    held: TrainConfig,
 ) -> dict[str, Any]:
     document: dict[str, Any] = {
         "base": base,
+        "settings": held.model_dump(mode="json"),  # every trial's, under its recipe's knobs
         "baselines": {"base": base_result.metrics, "base_device_s": base_device_s}
         | {"bm25_ndcg@10": baselines["bm25"]},
         "budget_device_s": budget.total,
@@ -329,6 +332,9 @@ def _report(
         "trials": [t.row() for t in trials],
     }
     text = table(trials, baselines)
+    changed = held_settings(held)
+    if changed:
+        text = f"every trial: {changed}\n\n{text}"
     if chosen is not None and chosen.outcome is not None:
         if not chosen.outcome.per_query:  # a trial of an earlier run: its scores' file
             scores = out / "trials" / trial_name(chosen.number) / "scores.json"
@@ -346,7 +352,8 @@ def _report(
             "seeds": [chosen.row()] + [t.row() for t in seeds],
             "seed_spread": s,
         }
-        write_json(out / "recipe.json", document["chosen"]["recipe"])
+        # the whole run: the held settings under the chosen knobs, to train it again
+        write_json(out / "recipe.json", document["settings"] | document["chosen"]["recipe"])
         text += (
             f"\n\nchosen: trial {chosen.number}, {chosen.recipe.label()}\n"
             f"{describe(comparison)}\n"

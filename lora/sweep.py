@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -401,6 +401,18 @@ def spread(values: Sequence[float]) -> dict[str, float]:
         "max": max(values),
         "n": float(len(values)),
     }
+
+
+def held_settings(held: TrainConfig) -> str:
+    """The settings every trial ran with that are not the defaults, the swept knobs
+    left out ("train_loss gist, train_autocast bfloat16"): what a recipe's label omits."""
+    swept = {f.name for f in fields(Recipe)} | {"lora_alpha"}
+    defaults = TrainConfig().model_dump()
+    return ", ".join(
+        f"{name} {value}"
+        for name, value in held.model_dump().items()
+        if name not in swept and value != defaults[name]
+    )
 
 
 def table(trials: Sequence[Trial], baselines: Mapping[str, float]) -> str:

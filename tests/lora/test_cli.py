@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from flotilla.cli import app
+from lora.config import TrainConfig
 from lora.manifest import MANIFEST_NAME
 from tests.gateway.conftest import hub_offline
 from tests.lora.laws import write_laws
@@ -176,7 +177,7 @@ def test_sweep_trains_scores_and_reports(
     command = ["lora", "sweep", "--base", "tiny", "--data", str(data), "--out", str(out),
                "--space", str(space), "--max-trials", "2", "--seeds", "2", "--first-steps", "2",
                "--fleet", str(fleet), "--device", "cpu", "--lora-rank", "2",
-               "--train-batch-size", "2"]  # fmt: skip
+               "--train-batch-size", "2", "--lora-dropout", "0.05"]  # fmt: skip
     with hub_offline():
         result = runner.invoke(app, command)
     assert result.exit_code == 0, result.output
@@ -197,6 +198,10 @@ def test_sweep_trains_scores_and_reports(
     assert set(chosen["comparison"]["per_law"]) == {"tverf"}
     recipe = json.loads((out / "recipe.json").read_text())
     assert recipe["lora_rank"] == trials[chosen["trial"]]["recipe"]["lora_rank"]
+    # the settings no trial changed are the run's too: the recipe trains it again
+    assert report["settings"]["lora_dropout"] == recipe["lora_dropout"] == 0.05
+    assert TrainConfig.model_validate(recipe).lora_rank == recipe["lora_rank"]
+    assert "every trial: lora_dropout 0.05" in (out / "sweep.md").read_text()
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
     assert "chosen: trial" in (out / "sweep.md").read_text()
     # run again: the finished trials stand, nothing is trained, the report is the same

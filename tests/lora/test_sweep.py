@@ -16,6 +16,7 @@ from lora.sweep import (
     TrialFailed,
     best,
     default_recipe,
+    held_settings,
     pareto,
     plot,
     search,
@@ -149,3 +150,9 @@ def test_a_space_refuses_what_cannot_train() -> None:
         SearchSpace(train_batch_size=[1, 8])
     with pytest.raises(ValueError, match="train_lr"):
         SearchSpace(train_lr=(1e-3, 1e-4))
+
+
+def test_the_held_settings_name_what_differs_from_the_defaults_and_is_not_swept() -> None:
+    held = TrainConfig(train_loss="gist", train_autocast="bfloat16", lora_rank=4, train_lr=3e-4)
+    assert held_settings(held) == "train_loss gist, train_autocast bfloat16"
+    assert held_settings(TrainConfig()) == ""
