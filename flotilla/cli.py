@@ -627,7 +627,7 @@ def lora_sweep(
     scores it on the development split through the pipeline and store; writes a table, a
     PNG of nDCG@10 against cost, the best recipe, and its spread over seeds."""
     from flotilla.sweep import sweep
-    from lora.sweep import SearchSpace
+    from lora.sweep import SearchSpace, SweepStopped
 
     for name in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"):
         if not (data / name).is_file():
@@ -651,19 +651,22 @@ def lora_sweep(
         search_space = search_space.model_copy(update={"pairs": list(sets)})
     if budget_device_s <= 0 or seeds < 1:
         raise typer.BadParameter("--budget-device-s must be positive and --seeds at least 1")
-    sweep(
-        settings,
-        base=base,
-        data=data,
-        pairs=sets,
-        out=out,
-        space=search_space,
-        budget_device_s=budget_device_s,
-        first_steps=first_steps,
-        seeds=seeds,
-        sampler_seed=sampler_seed,
-        max_trials=max_trials,
-    )
+    try:
+        sweep(
+            settings,
+            base=base,
+            data=data,
+            pairs=sets,
+            out=out,
+            space=search_space,
+            budget_device_s=budget_device_s,
+            first_steps=first_steps,
+            seeds=seeds,
+            sampler_seed=sampler_seed,
+            max_trials=max_trials,
+        )
+    except SweepStopped:  # asked to stop: a clean exit, as a server's
+        typer.echo(f"sweep stopped; the same command resumes it (finished trials stand: {out})")
 
 
 def _yaml_or_json(path: Path) -> dict[str, Any]:

@@ -3,6 +3,10 @@
 
 A child per trial: each run's peak memory is its own (``ru_maxrss`` is a process's
 high-water mark), and a trial that fails (out of memory, a bad recipe) fails alone.
+SIGINT and SIGTERM stop the sweep within a second or two: the child, in a session of
+its own so that a terminal's Ctrl-C reaches the sweep alone, is killed (a half-trained
+adapter is worth nothing, and one step can outlast a supervisor's grace period), the
+scoring in hand is cancelled, and the same command resumes with that trial.
 The knobs reach it as ``FLOTILLA_*`` environment variables, the settings' own second
 spelling, so every setting the sweep was given holds in its trials too.
 
@@ -15,20 +19,23 @@ scored as ``BASE:tNNN`` in a collection of its own.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from embedder.adapters import AdapterCatalog
 from embedder.errors import FlotillaError
 from embedder.fleet import load_fleet
 from flotilla import wiring
 from flotilla.settings import LoraSettings
+from flotilla.signals import stop_event
 from lora.compare import compare, describe
 from lora.config import TrainConfig
 from lora.dataset import read_corpus, read_qrels, read_queries
@@ -40,6 +47,7 @@ from lora.sweep import (
     Outcome,
     Recipe,
     SearchSpace,
+    SweepStopped,
     Trial,
     TrialFailed,
     best,
@@ -52,6 +60,8 @@ from lora.sweep import (
     trial_name,
     write_json,
 )
+
+T = TypeVar("T")
 
 LOG_TAIL = 2000  # characters of a failed trial's log quoted in its note
 
@@ -79,7 +89,7 @@ def _env(settings: LoraSettings, recipe: Recipe, seed: int) -> dict[str, str]:
 
 class PipelineRunner:
     """Trains a trial in a child process, then scores it through ``stack`` on ``loop``
-    (the sweep's search runs in a thread beside the loop)."""
+    (the sweep's search runs in a thread beside the loop, which calls ``stop``)."""
 
     def __init__(
         self,
@@ -99,6 +109,20 @@ class PipelineRunner:
         self.corpus, self.queries, self.qrels = corpus, queries, qrels
         self.catalog = AdapterCatalog(load_fleet(settings.fleet), settings.adapters_root)
         self.cores = settings.threads or os.cpu_count() or 1
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()  # the work in hand, seen by the thread and by stop()
+        self._child: subprocess.Popen[bytes] | None = None
+        self._scoring: concurrent.futures.Future[SystemResult] | None = None
+
+    def stop(self) -> None:
+        """Kill the trial's child or cancel its scoring; the search ends with
+        ``SweepStopped`` where it stands."""
+        with self._lock:
+            self.stopping.set()
+            if self._child is not None and self._child.poll() is None:
+                self._child.kill()
+            if self._scoring is not None:
+                self._scoring.cancel()
 
     def __call__(self, name: str, recipe: Recipe, seed: int) -> Outcome:
         folder = self.out / "trials" / name
@@ -109,9 +133,7 @@ class PipelineRunner:
         started = time.perf_counter()
         try:
             self.catalog.register(self.base, name, folder / "adapter")
-            result = asyncio.run_coroutine_threadsafe(
-                self.score(f"{self.base}:{name}"), self.loop
-            ).result()
+            result = self.scored(f"{self.base}:{name}")
         except (EvalError, FlotillaError) as exc:  # the trial fails, the sweep goes on
             raise TrialFailed(f"scoring failed: {exc}") from exc
         eval_device_s = (time.perf_counter() - started) * self.cores
@@ -141,19 +163,42 @@ class PipelineRunner:
             "--out",
             str(folder / "adapter"),
         ]
-        with log.open("w", encoding="utf-8") as sink:
-            done = subprocess.run(
+        with log.open("w", encoding="utf-8") as sink, self._lock:
+            if self.stopping.is_set():
+                raise SweepStopped
+            self._child = subprocess.Popen(
                 command,
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 env=_env(self.settings, recipe, seed),
-                check=False,
+                start_new_session=True,
             )
-        if done.returncode != 0:
+        returncode = self._child.wait()
+        with self._lock:
+            self._child = None
+        if self.stopping.is_set():
+            raise SweepStopped
+        if returncode != 0:
             raise TrialFailed(
-                f"lora train exited {done.returncode}: "
+                f"lora train exited {returncode}: "
                 + log.read_text(encoding="utf-8")[-LOG_TAIL:].strip()
             )
+
+    def scored(self, model: str) -> SystemResult:
+        """``score`` run on the loop, from the search's thread, unless the sweep stops."""
+        with self._lock:
+            if self.stopping.is_set():
+                raise SweepStopped
+            self._scoring = asyncio.run_coroutine_threadsafe(self.score(model), self.loop)
+        try:
+            return self._scoring.result()
+        except concurrent.futures.CancelledError:
+            if self.stopping.is_set():
+                raise SweepStopped from None
+            raise
+        finally:
+            with self._lock:
+                self._scoring = None
 
     async def score(self, model: str) -> SystemResult:
         return await dense_system(
@@ -237,6 +282,7 @@ def sweep(
     first = default_recipe(held, first_steps, _first(space))
 
     async def run() -> tuple[SystemResult, float, list[Trial], Budget, list[Trial]]:
+        stop = stop_event()  # before loading: a stop while loading is seen once it is done
         # the trials' adapters are registered as they come: the base must take them
         async with wiring.running_stack(settings, models=[base], with_adapters=[base]) as stack:
             runner = PipelineRunner(
@@ -251,25 +297,33 @@ def sweep(
                 qrels=qrels,
             )
             started = time.perf_counter()
-            base_result = await runner.score(base)
+            base_result = await _unless_stopped(
+                asyncio.to_thread(runner.scored, base), runner, stop
+            )
             base_device_s = (time.perf_counter() - started) * runner.cores
             print(
                 f"{base}: nDCG@10 {base_result.metrics['ndcg@10']:.4f}; BM25 "
                 f"{bm25.metrics['ndcg@10']:.4f} ({len(queries)} queries, {len(corpus)} passages)",
                 flush=True,
             )
-            trials, budget = await asyncio.to_thread(
-                search,
+            trials, budget = await _unless_stopped(
+                asyncio.to_thread(
+                    search,
+                    runner,
+                    space,
+                    first=first,
+                    budget_device_s=budget_device_s,
+                    storage=out / "study.db",
+                    seed=sampler_seed,
+                    max_trials=max_trials,
+                    on_trial=lambda t, b: print(_line(t, b), flush=True),
+                ),
                 runner,
-                space,
-                first=first,
-                budget_device_s=budget_device_s,
-                storage=out / "study.db",
-                seed=sampler_seed,
-                max_trials=max_trials,
-                on_trial=lambda t, b: print(_line(t, b), flush=True),
+                stop,
             )
-            others = await asyncio.to_thread(_other_seeds, runner, best(trials), seeds)
+            others = await _unless_stopped(
+                asyncio.to_thread(_other_seeds, runner, best(trials), seeds), runner, stop
+            )
         return base_result, base_device_s, trials, budget, others
 
     base_result, base_device_s, trials, budget, others = asyncio.run(run())
@@ -287,6 +341,20 @@ def sweep(
         qrels,
         held,
     )
+
+
+async def _unless_stopped(work: Awaitable[T], runner: PipelineRunner, stop: asyncio.Event) -> T:
+    """``work`` (the runner's, in a thread), stopped through the runner if ``stop`` comes
+    first: the thread then ends soon, by raising ``SweepStopped``."""
+    working = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({working, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not working.done():
+        runner.stop()
+    return await working
 
 
 def _other_seeds(runner: PipelineRunner, chosen: Trial | None, seeds: int) -> list[Trial]:

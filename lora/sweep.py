@@ -344,6 +344,11 @@ def search(
             except TrialFailed as exc:
                 record.state, record.note = "failed", str(exc)
                 _finish(study, trial, record, optuna.trial.TrialState.FAIL)
+            except SweepStopped:
+                # not a result: unrecorded (no state), and first in line when it resumes
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                study.enqueue_trial(trial.params)
+                raise
             else:
                 budget.charge(recipe, record.outcome)
                 _finish(study, trial, record, value=record.outcome.ndcg)
@@ -357,6 +362,11 @@ def search(
 
 class TrialFailed(RuntimeError):
     """A trial could not train or be scored; the sweep goes on without it."""
+
+
+class SweepStopped(Exception):
+    """The sweep was asked to stop (SIGINT, SIGTERM) during a trial: the trial is not
+    failed, and the sweep resumes with it."""
 
 
 def _finish(

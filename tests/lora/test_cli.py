@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +216,60 @@ def test_sweep_trains_scores_and_reports(
     rerun = json.loads((out / "sweep.json").read_text())
     assert [t["ndcg@10"] for t in rerun["trials"]] == [t["ndcg@10"] for t in trials]
     assert rerun["chosen"]["comparison"] == chosen["comparison"]
+
+
+def _processes_naming(text: str) -> list[int]:
+    """The live processes whose command line holds ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone, or not a process
+            continue
+        if proc.name.isdigit() and text in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_sweep_and_its_trial_which_it_resumes_with(
+    runner: CliRunner, tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    """SIGINT takes the same path (the loop's stop event); a terminal's Ctrl-C reaches
+    the sweep alone, as its trial runs in a session of its own."""
+    fleet, data = tiny_fleet_and_set(runner, tmp_path, tiny_models["tiny-a"])
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump({"lora_rank": [2], "lora_targets": ["query,value"],
+        "train_max_steps": [100_000], "train_batch_size": [2]}))  # fmt: skip
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flotilla", "lora", "sweep", "--base", "tiny", "--data", str(data),
+         "--out", str(out), "--space", str(space), "--first-steps", "100000", "--fleet",
+         str(fleet), "--device", "cpu", "--lora-rank", "2", "--train-batch-size", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    log = out / "trials" / "t000" / "train.log"
+    try:
+        deadline = time.monotonic() + 180
+        while not (log.is_file() and "step " in log.read_text()):  # the trial is training
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.5)
+        assert _processes_naming(str(out / "trials" / "t000")), "no trial process"
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert "sweep stopped; the same command resumes it" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert not _processes_naming(str(out / "trials" / "t000")), "the trial outlived its sweep"
+    assert not (out / "sweep.json").exists()  # no report of a search that did not finish
+    import optuna
+
+    study = optuna.load_study(study_name="lora-sweep", storage=f"sqlite:///{out / 'study.db'}")
+    stopped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    waiting = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
+    # not recorded as a result, and first in line when the same command runs again
+    assert len(stopped) == 1 and "state" not in stopped[0].user_attrs
+    assert any(t.system_attrs.get("fixed_params") == stopped[0].params for t in waiting)
