@@ -7,6 +7,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -27,15 +28,20 @@ def stop_event() -> asyncio.Event:
     return stop
 
 
-async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
-    """Await ``work`` unless ``stop`` comes first, which cancels it; True if it finished."""
-    working = asyncio.ensure_future(work)
+async def stopped_first(working: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Wait for ``working`` or ``stop``, whichever comes first; True if it was ``stop``."""
     stopping = asyncio.ensure_future(stop.wait())
     try:
         await asyncio.wait({working, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
-    if not working.done():
+    return not working.done()
+
+
+async def unless_stopped(work: Awaitable[None], stop: asyncio.Event) -> bool:
+    """Await ``work`` unless ``stop`` comes first, which cancels it; True if it finished."""
+    working = asyncio.ensure_future(work)
+    if await stopped_first(working, stop):
         working.cancel()
         return False
     working.result()  # re-raise what stopped it

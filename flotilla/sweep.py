@@ -35,7 +35,7 @@ from embedder.errors import FlotillaError
 from embedder.fleet import load_fleet
 from flotilla import wiring
 from flotilla.settings import LoraSettings
-from flotilla.signals import stop_event
+from flotilla.signals import stop_event, stopped_first
 from lora.compare import compare, describe
 from lora.config import TrainConfig
 from lora.dataset import read_corpus, read_qrels, read_queries
@@ -347,12 +347,7 @@ async def _unless_stopped(work: Awaitable[T], runner: PipelineRunner, stop: asyn
     """``work`` (the runner's, in a thread), stopped through the runner if ``stop`` comes
     first: the thread then ends soon, by raising ``SweepStopped``."""
     working = asyncio.ensure_future(work)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({working, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopping.cancel()
-    if not working.done():
+    if await stopped_first(working, stop):
         runner.stop()
     return await working
 
