@@ -3,12 +3,12 @@
 
 A child per trial: each run's peak memory is its own (``ru_maxrss`` is a process's
 high-water mark), and a trial that fails (out of memory, a bad recipe) fails alone.
+The knobs reach it as ``FLOTILLA_*`` environment variables, the settings' own second
+spelling, so every setting the sweep was given holds in its trials too.
 SIGINT and SIGTERM stop the sweep within a second or two: the child, in a session of
 its own so that a terminal's Ctrl-C reaches the sweep alone, is killed (a half-trained
 adapter is worth nothing, and one step can outlast a supervisor's grace period), the
 scoring in hand is cancelled, and the same command resumes with that trial.
-The knobs reach it as ``FLOTILLA_*`` environment variables, the settings' own second
-spelling, so every setting the sweep was given holds in its trials too.
 
 One stack serves the whole sweep: the base model loads once, the base and BM25 are
 scored once, and each trial's adapter is registered under the stack's adapters
