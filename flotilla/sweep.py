@@ -6,9 +6,12 @@ high-water mark), and a trial that fails (out of memory, a bad recipe) fails alo
 The knobs reach it as ``FLOTILLA_*`` environment variables, the settings' own second
 spelling, so every setting the sweep was given holds in its trials too.
 SIGINT and SIGTERM stop the sweep within a second or two: the child, in a session of
-its own so that a terminal's Ctrl-C reaches the sweep alone, is killed (a half-trained
-adapter is worth nothing, and one step can outlast a supervisor's grace period), the
-scoring in hand is cancelled, and the same command resumes with that trial.
+its own so that a terminal's Ctrl-C reaches the sweep alone, is killed (one step can
+outlast a supervisor's grace period; what it keeps is its last checkpoint), the
+scoring in hand is cancelled, and the same command resumes with that trial: under the
+number it gets then, it takes over the stopped one's folder, so an adapter trained
+before the stop is scored, not trained again, and a training stopped midway goes on
+from its last checkpoint (``--train-checkpoint-steps``; by default only each epoch's end).
 
 One stack serves the whole sweep: the base model loads once, the base and BM25 are
 scored once, and each trial's adapter is registered under the stack's adapters
@@ -124,8 +127,13 @@ class PipelineRunner:
             if self._scoring is not None:
                 self._scoring.cancel()
 
-    def __call__(self, name: str, recipe: Recipe, seed: int) -> Outcome:
+    def __call__(
+        self, name: str, recipe: Recipe, seed: int, *, resumes: str | None = None
+    ) -> Outcome:
         folder = self.out / "trials" / name
+        stopped = self.out / "trials" / resumes if resumes is not None else None
+        if stopped is not None and stopped.is_dir() and not folder.exists():
+            stopped.rename(folder)  # its adapter if it was trained, else its checkpoints
         folder.mkdir(parents=True, exist_ok=True)
         if not _trained(folder / "adapter", recipe, seed):
             self._train(folder, recipe, seed, folder / "train.log")
@@ -163,7 +171,9 @@ class PipelineRunner:
             "--out",
             str(folder / "adapter"),
         ]
-        with log.open("w", encoding="utf-8") as sink, self._lock:
+        if (folder / "adapter").is_dir():  # a stopped training of this trial: its checkpoint
+            command.append("--resume")
+        with log.open("a", encoding="utf-8") as sink, self._lock:
             if self.stopping.is_set():
                 raise SweepStopped
             self._child = subprocess.Popen(

@@ -103,6 +103,9 @@ def text_rows(steps: int, batch_size: int, negatives: int) -> int:
     return steps * batch_size * (2 + negatives)
 
 
+RESUMES = "resumes"  # a trial's attribute: the stopped trial it takes the place of
+
+
 def trial_name(number: int, seed: int = 0) -> str:
     """A trial's folder and adapter name; another seed of it is a name of its own."""
     return f"t{number:03d}" + (f"-seed{seed}" if seed else "")
@@ -172,8 +175,11 @@ class Outcome:
 
 
 class Runner(Protocol):
-    def __call__(self, name: str, recipe: Recipe, seed: int) -> Outcome:
-        """Train ``recipe`` with ``seed`` as trial ``name`` and score it."""
+    def __call__(
+        self, name: str, recipe: Recipe, seed: int, *, resumes: str | None = None
+    ) -> Outcome:
+        """Train ``recipe`` with ``seed`` as trial ``name`` and score it. ``resumes``
+        names a stopped trial of the same recipe and seed, whose work it may go on from."""
         ...
 
 
@@ -340,14 +346,20 @@ def search(
         else:
             skipped_in_a_row = 0
             try:
-                record.outcome = run(trial_name(trial.number), recipe, record.seed)
+                record.outcome = run(
+                    trial_name(trial.number),
+                    recipe,
+                    record.seed,
+                    resumes=trial.user_attrs.get(RESUMES),
+                )
             except TrialFailed as exc:
                 record.state, record.note = "failed", str(exc)
                 _finish(study, trial, record, optuna.trial.TrialState.FAIL)
             except SweepStopped:
-                # not a result: unrecorded (no state), and first in line when it resumes
+                # not a result: unrecorded (no state), and first in line when it resumes,
+                # naming the trial whose work it goes on from
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                study.enqueue_trial(trial.params)
+                study.enqueue_trial(trial.params, user_attrs={RESUMES: trial_name(trial.number)})
                 raise
             else:
                 budget.charge(recipe, record.outcome)

@@ -341,6 +341,8 @@ def train(
                 "remove it or train into another --out"
             )
         counts = load_counts(last)
+        if show_progress:
+            print(f"resuming from {last}", file=stream, flush=True)
     elif checkpoints.exists():
         shutil.rmtree(checkpoints)  # an earlier run's, not resumed: its steps would mix in
     autocast = _autocast_dtype(config, torch_device)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,35 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
+def _last_checkpoint(adapter: Path) -> str | None:
+    """The newest checkpoint a training saved whole (its counts are written last)."""
+    saved = [c.name for c in (adapter / "checkpoints").glob("checkpoint-*")
+             if (c / "flotilla_state.json").is_file()]  # fmt: skip
+    return max(saved, key=lambda n: int(n.rsplit("-", 1)[1]), default=None)
+
+
+def _sweep_stopped_once(command: list[str], ready: Callable[[], bool]) -> str:
+    """Run the sweep until ``ready()``, send it SIGTERM, and return what it printed."""
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    assert "sweep stopped; the same command resumes it" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    return output
+
+
 @pytest.mark.slow
 def test_sigterm_stops_the_sweep_and_its_trial_which_it_resumes_with(
     runner: CliRunner, tmp_path: Path, tiny_models: dict[str, Path]
@@ -242,28 +272,19 @@ def test_sigterm_stops_the_sweep_and_its_trial_which_it_resumes_with(
     space.write_text(yaml.safe_dump({"lora_rank": [2], "lora_targets": ["query,value"],
         "train_max_steps": [100_000], "train_batch_size": [2]}))  # fmt: skip
     out = tmp_path / "sweep"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flotilla", "lora", "sweep", "--base", "tiny", "--data", str(data),
-         "--out", str(out), "--space", str(space), "--first-steps", "100000", "--fleet",
-         str(fleet), "--device", "cpu", "--lora-rank", "2", "--train-batch-size", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )  # fmt: skip
-    log = out / "trials" / "t000" / "train.log"
-    try:
-        deadline = time.monotonic() + 180
-        while not (log.is_file() and "step " in log.read_text()):  # the trial is training
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-            time.sleep(0.5)
-        assert _processes_naming(str(out / "trials" / "t000")), "no trial process"
-        proc.send_signal(signal.SIGTERM)
-        output = proc.communicate(timeout=60)[0].decode(errors="replace")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output[-3000:]
-    assert "sweep stopped; the same command resumes it" in output, output[-3000:]
-    assert "Traceback" not in output, output[-3000:]
-    assert not _processes_naming(str(out / "trials" / "t000")), "the trial outlived its sweep"
+    command = [sys.executable, "-m", "flotilla", "lora", "sweep", "--base", "tiny", "--data",
+        str(data), "--out", str(out), "--space", str(space), "--first-steps", "100000",
+        "--fleet", str(fleet), "--device", "cpu", "--lora-rank", "2", "--train-batch-size",
+        "2", "--train-checkpoint-steps", "3"]  # fmt: skip
+    first = out / "trials" / "t000"
+
+    def checkpointed() -> bool:  # the trial is training and has saved a checkpoint
+        return _last_checkpoint(first / "adapter") is not None and bool(
+            _processes_naming(str(first))
+        )
+
+    _sweep_stopped_once(command, checkpointed)
+    assert not _processes_naming(str(first)), "the trial outlived its sweep"
     assert not (out / "sweep.json").exists()  # no report of a search that did not finish
     import optuna
 
@@ -273,3 +294,14 @@ def test_sigterm_stops_the_sweep_and_its_trial_which_it_resumes_with(
     # not recorded as a result, and first in line when the same command runs again
     assert len(stopped) == 1 and "state" not in stopped[0].user_attrs
     assert any(t.system_attrs.get("fixed_params") == stopped[0].params for t in waiting)
+    saved = _last_checkpoint(first / "adapter")
+    # the same command again: the trial, as t001, goes on from t000's last checkpoint
+    resumed = out / "trials" / "t001"
+    log = resumed / "train.log"
+    went_on = f"resuming from {resumed / 'adapter' / 'checkpoints' / str(saved)}"
+
+    def going_on() -> bool:
+        return log.is_file() and "step " in log.read_text().partition(went_on)[2]
+
+    _sweep_stopped_once(command, going_on)
+    assert not first.exists() and not _processes_naming(str(resumed))

@@ -12,6 +12,7 @@ from lora.sweep import (
     Outcome,
     Recipe,
     SearchSpace,
+    SweepStopped,
     Trial,
     TrialFailed,
     best,
@@ -28,12 +29,19 @@ PER_ROW_S = 0.01  # the stand-in's device-seconds per text-row: a cost exactly a
 
 
 class Runner:
-    def __init__(self, fail_rank: int | None = None) -> None:
+    def __init__(self, fail_rank: int | None = None, stop_at_call: int | None = None) -> None:
         self.calls: list[Recipe] = []
+        self.names: list[tuple[str, str | None]] = []  # (name, the trial it resumes)
         self.fail_rank = fail_rank
+        self.stop_at_call = stop_at_call
 
-    def __call__(self, name: str, recipe: Recipe, seed: int) -> Outcome:
+    def __call__(
+        self, name: str, recipe: Recipe, seed: int, *, resumes: str | None = None
+    ) -> Outcome:
         self.calls.append(recipe)
+        self.names.append((name, resumes))
+        if len(self.calls) == self.stop_at_call:
+            raise SweepStopped
         if recipe.lora_rank == self.fail_rank:
             raise TrialFailed("out of memory")
         # quality rises with steps and scale: a landscape the search can climb
@@ -89,6 +97,21 @@ def test_an_interrupted_sweep_resumes_without_rerunning(tmp_path: Path) -> None:
     assert len(trials) == 4 and len(again.calls) <= 2  # only the new ones ran
     ran = [t for t in trials if t.outcome is not None]
     assert budget.spent == pytest.approx(sum(t.outcome.device_s for t in ran if t.outcome))
+
+
+def test_a_stopped_trial_is_first_when_the_sweep_resumes_and_names_the_one_it_replaces(
+    tmp_path: Path,
+) -> None:
+    storage = tmp_path / "s.db"
+    stopped = Runner(stop_at_call=2)
+    with pytest.raises(SweepStopped):
+        search(stopped, SPACE, first=FIRST, budget_device_s=50.0, storage=storage)
+    again = Runner()
+    trials, _ = search(again, SPACE, first=FIRST, budget_device_s=50.0, storage=storage)
+    assert again.calls[0] == stopped.calls[1]  # the stopped recipe, before anything new
+    assert again.names[0] == ("t002", "t001")  # a number of its own; it takes t001's work
+    assert [t.number for t in trials[:2]] == [0, 2]  # t001 is no result: not listed
+    assert [r for _, r in again.names[1:]] == [None] * (len(again.names) - 1)
 
 
 def test_one_recipe_on_several_sets_is_an_ablation_run_once_each(tmp_path: Path) -> None:
