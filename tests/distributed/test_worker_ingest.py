@@ -168,9 +168,6 @@ async def test_online_requests_go_first_while_a_backlog_is_ingested_once(
         async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             async with asyncio.timeout(60):
                 await asyncio.gather(online_load(client), watch_store())
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{worker_port}") as probe:
-            ready = (await probe.get("/ready")).json()
-            worker_metrics = (await probe.get("/metrics")).text
 
         async def committed() -> bool:
             return await committed_lag(bootstrap, topic, group, PARTITIONS) == 0
@@ -179,6 +176,10 @@ async def test_online_requests_go_first_while_a_backlog_is_ingested_once(
         while not await committed():
             assert time.monotonic() < deadline, "the offsets were not all committed"
             await asyncio.sleep(0.25)
+        # after the commits, which follow the counting: the store fills a moment before
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{worker_port}") as probe:
+            ready = (await probe.get("/ready")).json()
+            worker_metrics = (await probe.get("/metrics")).text
         assert worker.stop() == 0, worker.tail()
         assert "Traceback" not in worker.log.read_text(), worker.tail()
 

@@ -19,6 +19,7 @@ from embedder.queue.jetstream.puller import JetStreamPuller
 from embedder.queue.jetstream.streams import JetStreamConfig
 from embedder.queue.jetstream.submitter import JetStreamSubmitter
 from embedder.turns import DeviceTurns
+from tests.distributed.helpers import bounded
 from tests.embedder.generation.conftest import tiny_spec
 from tests.kafka.fixtures import unique_name
 from tests.nats.server import NatsServer
@@ -64,6 +65,7 @@ async def test_parts_travel_the_gateway_inbox(
     assert streamed == json.loads(whole.body)["choices"][0]["text"]
 
 
+@bounded(120)  # it hung once (a 900 s suite timeout, on a loaded machine)
 async def test_a_withdrawn_stream_stops_on_the_worker_and_is_not_redelivered(
     nats_server: NatsServer, tiny_runtime: GenerationRuntime
 ) -> None:
