@@ -131,9 +131,10 @@ class PipelineRunner:
         self, name: str, recipe: Recipe, seed: int, *, resumes: str | None = None
     ) -> Outcome:
         folder = self.out / "trials" / name
-        stopped = self.out / "trials" / resumes if resumes is not None else None
-        if stopped is not None and stopped.is_dir() and not folder.exists():
-            stopped.rename(folder)  # its adapter if it was trained, else its checkpoints
+        if resumes is not None:
+            stopped = self.out / "trials" / resumes
+            if stopped.is_dir() and not folder.exists():
+                stopped.rename(folder)  # its adapter if it was trained, else its checkpoints
         folder.mkdir(parents=True, exist_ok=True)
         if not _trained(folder / "adapter", recipe, seed):
             self._train(folder, recipe, seed, folder / "train.log")

@@ -274,7 +274,8 @@ def _mine(
     return mined.negatives, mined.stats
 
 
-def _last_checkpoint(folder: Path) -> Path | None:
+def last_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint in ``folder`` saved whole (its counts are written last)."""
     found = [p for p in folder.glob("checkpoint-*") if (p / STATE_FILE).is_file()]
     return max(found, key=lambda p: int(p.name.rsplit("-", 1)[1]), default=None)
 
@@ -332,7 +333,7 @@ def train(
     key = f"{data_sha}/{base_sha}/{config.model_dump_json()}"
     checkpoints = out / CHECKPOINT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    last = _last_checkpoint(checkpoints) if resume else None
+    last = last_checkpoint(checkpoints) if resume else None
     counts = Counts()
     if last is not None:
         if (last / RUN_KEY_FILE).read_text() != key:

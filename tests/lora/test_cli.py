@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from flotilla.cli import app
 from lora.config import TrainConfig
 from lora.manifest import MANIFEST_NAME
+from lora.train import CHECKPOINT_DIR, last_checkpoint
 from tests.gateway.conftest import hub_offline
 from tests.lora.laws import write_laws
 
@@ -232,13 +233,6 @@ def _processes_naming(text: str) -> list[int]:
     return found
 
 
-def _last_checkpoint(adapter: Path) -> str | None:
-    """The newest checkpoint a training saved whole (its counts are written last)."""
-    saved = [c.name for c in (adapter / "checkpoints").glob("checkpoint-*")
-             if (c / "flotilla_state.json").is_file()]  # fmt: skip
-    return max(saved, key=lambda n: int(n.rsplit("-", 1)[1]), default=None)
-
-
 def _sweep_stopped_once(command: list[str], ready: Callable[[], bool]) -> str:
     """Run the sweep until ``ready()``, send it SIGTERM, and return what it printed."""
     proc = subprocess.Popen(
@@ -277,11 +271,10 @@ def test_sigterm_stops_the_sweep_and_its_trial_which_it_resumes_with(
         "--fleet", str(fleet), "--device", "cpu", "--lora-rank", "2", "--train-batch-size",
         "2", "--train-checkpoint-steps", "3"]  # fmt: skip
     first = out / "trials" / "t000"
+    checkpoints = first / "adapter" / CHECKPOINT_DIR
 
     def checkpointed() -> bool:  # the trial is training and has saved a checkpoint
-        return _last_checkpoint(first / "adapter") is not None and bool(
-            _processes_naming(str(first))
-        )
+        return last_checkpoint(checkpoints) is not None and bool(_processes_naming(str(first)))
 
     _sweep_stopped_once(command, checkpointed)
     assert not _processes_naming(str(first)), "the trial outlived its sweep"
@@ -294,11 +287,12 @@ def test_sigterm_stops_the_sweep_and_its_trial_which_it_resumes_with(
     # not recorded as a result, and first in line when the same command runs again
     assert len(stopped) == 1 and "state" not in stopped[0].user_attrs
     assert any(t.system_attrs.get("fixed_params") == stopped[0].params for t in waiting)
-    saved = _last_checkpoint(first / "adapter")
+    saved = last_checkpoint(checkpoints)
+    assert saved is not None
     # the same command again: the trial, as t001, goes on from t000's last checkpoint
     resumed = out / "trials" / "t001"
     log = resumed / "train.log"
-    went_on = f"resuming from {resumed / 'adapter' / 'checkpoints' / str(saved)}"
+    went_on = f"resuming from {resumed / 'adapter' / CHECKPOINT_DIR / saved.name}"
 
     def going_on() -> bool:
         return log.is_file() and "step " in log.read_text().partition(went_on)[2]
