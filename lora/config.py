@@ -74,6 +74,13 @@ class TrainConfig(BaseModel):
         description="Texts per embedding mini-batch of the cached losses (also cut at the "
         "profile's forward_tokens); smaller holds less memory, larger runs faster.",
     )
+    train_batches: Literal["mixed", "law"] = Field(
+        default="mixed",
+        description="What a batch is drawn from: 'mixed' takes pairs of every law, so most "
+        "in-batch negatives are other laws' sections; 'law' draws each batch from one law "
+        "(the pair's 'law'), so they are sections of the same law, the look-alikes "
+        "retrieval within a law must tell apart, at no mining cost.",
+    )
     train_negatives: int = Field(
         default=0,
         ge=0,

@@ -61,6 +61,7 @@ class TrainingRecord:
     # the mined hard negatives: how many per query, from what, and what the filters
     # dropped; None when the run had in-batch negatives only
     negatives: MiningStats | None = None
+    batches: str = "mixed"  # TrainConfig.train_batches: each batch of every law, or of one
 
 
 @dataclass(frozen=True, slots=True)

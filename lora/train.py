@@ -209,18 +209,21 @@ def _loss(model: Any, config: TrainConfig, base: BaseModelRef, device: torch.dev
     return losses.MultipleNegativesRankingLoss(model, scale=config.train_scale)
 
 
-def _dataset(
+def training_data(
     pairs: Sequence[Pair],
     prompts: dict[str, str],
     negatives: Sequence[list[str]] | None,
     count: int,
+    batches: Literal["mixed", "law"] = "mixed",
 ) -> Any:
     """The pairs with serving's prompts put before the text, as serving puts them (a
     plain prefix, so the tokenizer sees the same string).
 
-    With mined negatives, the pairs that got some become (query, positive, negative_1..N)
-    rows and the rest stay pairs: two data sets of the trainer, each batch drawn from
-    one (the loss takes both shapes)."""
+    The trainer draws each batch from one data set (sentence-transformers' proportional
+    multi-data-set sampler). With mined negatives, the pairs that got some become
+    (query, positive, negative_1..N) rows and the rest stay pairs: a data set of each
+    shape (the loss takes both). With ``batches="law"`` each law's pairs are data sets
+    of their own, so a batch's in-batch negatives are sections of the same law."""
     from datasets import Dataset, DatasetDict
 
     def prefixed(rows: dict[str, list[str]]) -> Any:
@@ -233,11 +236,24 @@ def _dataset(
             }
         )
 
-    if negatives is None:
-        return prefixed(
-            {"query": [p.query for p in pairs], "positive": [p.positive for p in pairs]}
-        )
-    sets = {name: rows for name, rows in columns(pairs, negatives, count).items() if rows["query"]}
+    groups: dict[str, list[int]] = {}
+    for i, pair in enumerate(pairs):
+        groups.setdefault(pair.law if batches == "law" else "", []).append(i)
+    sets: dict[str, dict[str, list[str]]] = {}
+    for group, members in groups.items():
+        chosen = [pairs[i] for i in members]
+        if negatives is None:
+            shapes = {
+                "pairs": {
+                    "query": [p.query for p in chosen],
+                    "positive": [p.positive for p in chosen],
+                }
+            }
+        else:
+            shapes = columns(chosen, [negatives[i] for i in members], count)
+        for shape, rows in shapes.items():
+            if rows["query"]:
+                sets["/".join(filter(None, (group, shape)))] = rows
     if len(sets) == 1:
         return prefixed(next(iter(sets.values())))
     return DatasetDict({name: prefixed(rows) for name, rows in sets.items()})
@@ -388,7 +404,9 @@ def train(
     trainer = CountingTrainer(
         model=model,
         args=args,
-        train_dataset=_dataset(pairs, prompts, negatives, config.train_negatives),
+        train_dataset=training_data(
+            pairs, prompts, negatives, config.train_negatives, config.train_batches
+        ),
         loss=_loss(model, config, base, torch_device),
         callbacks=[measure],
     )
@@ -437,6 +455,7 @@ def train(
             gradient_checkpointing=config.train_activations == "recompute",
             attention_dropout=config.train_attention_dropout,
             negatives=mining,
+            batches=config.train_batches,
         ),
         metrics=TrainMetrics(
             loss_first=counts.losses[0] if counts.losses else float("nan"),

@@ -18,9 +18,9 @@ from sentence_transformers.sentence_transformer.data_collator import (
 
 from lora.callbacks import CountingTrainer
 from lora.config import Prices, TrainConfig
-from lora.dataset import write_jsonl
+from lora.dataset import Pair, write_jsonl
 from lora.manifest import MANIFEST_NAME, weights_sha256
-from lora.train import BaseModelRef, prompts_of, train
+from lora.train import BaseModelRef, prompts_of, train, training_data
 from tests.gateway.conftest import hub_offline
 
 pytestmark = pytest.mark.slow
@@ -204,6 +204,60 @@ def test_training_prefixes_the_base_models_prompts(
     assert len(seen) >= 8
     assert all(row["query"].startswith("query: ") for row in seen)
     assert all(row["positive"].startswith("passage: Die Regeln") for row in seen)
+
+
+@pytest.mark.parametrize("batches", ["mixed", "law"])
+def test_law_batches_draw_each_batch_from_one_law(
+    batches: str, tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two laws of 21 pairs each: 'law' batches never mix them (each batch's other
+    passages are the same law's sections); 'mixed' batches do."""
+    law_of = {topic: "a" if n < 3 else "b" for n, topic in enumerate(TOPICS)}
+    rows = [
+        {"query": f"{topic} {i}", "positive": f"Die Regeln über {topic} im Fall {i}.",
+         "law": law_of[topic]}
+        for i in range(6)
+        for topic in TOPICS
+    ]  # fmt: skip
+    rows += [  # law "a" has as many pairs as "b"
+        {"query": f"Nachtrag {i}", "positive": f"Ein Nachtrag Nummer {i}.", "law": "a"}
+        for i in range(3)
+    ]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    query_law = {r["query"]: r["law"] for r in rows}
+    seen: list[set[str]] = []
+    real_call = Collator.__call__
+
+    def recording(self: Collator, features: list[dict[str, Any]]) -> object:
+        seen.append({query_law[row["query"]] for row in features})
+        return real_call(self, features)
+
+    monkeypatch.setattr(Collator, "__call__", recording)
+    with hub_offline():
+        manifest = train(BaseModelRef(tiny), tmp_path / "train.jsonl", tmp_path / "out",
+                         config(train_batches=batches), Prices(), show_progress=False)  # fmt: skip
+    assert manifest.training.batches == batches
+    assert manifest.training.steps == len(seen) >= 6  # 21 pairs a law in batches of 8
+    if batches == "law":
+        assert all(len(laws) == 1 for laws in seen)
+        assert {law for laws in seen for law in laws} == {"a", "b"}
+    else:
+        assert any(len(laws) == 2 for laws in seen)
+
+
+def test_law_batches_keep_mined_negatives_apart_by_law_and_shape() -> None:
+    """A data set per law and row shape: a batch is of one law, and all its rows have
+    negatives or none do."""
+    pairs = [Pair(f"q{i}", f"p{i}", law=law) for i, law in enumerate("aabb")]
+    negatives = [["n0"], [], ["n2"], ["n3"]]
+    sets = training_data(pairs, {"query": "query: ", "passage": ""}, negatives, 1, "law")
+    assert {name: len(rows) for name, rows in sets.items()} == {
+        "a/hard": 1, "a/pairs": 1, "b/hard": 2
+    }  # fmt: skip
+    assert sets["b/hard"]["query"] == ["query: q2", "query: q3"]
+    assert sets["b/hard"]["negative_1"] == ["n2", "n3"]
+    mixed = training_data(pairs, {"query": "", "passage": ""}, negatives, 1)
+    assert {name: len(rows) for name, rows in mixed.items()} == {"hard": 3, "pairs": 1}
 
 
 def test_batches_are_tokenized_as_serving_tokenizes(tiny: Path) -> None:
