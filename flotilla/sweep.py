@@ -236,6 +236,7 @@ def _trained(adapter: Path, recipe: Recipe, seed: int) -> bool:
         m["adapter"]["rank"] == recipe.lora_rank
         and m["adapter"]["alpha"] == 2 * recipe.lora_rank
         and ",".join(m["adapter"]["targets"]) == recipe.lora_targets
+        and t.get("batches", "mixed") == recipe.train_batches
         and (t["lr"], t["steps"], t["batch_size"], t["scale"], t["seed"], negatives)
         == (
             recipe.train_lr,

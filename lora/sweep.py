@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -38,6 +38,7 @@ SWEPT = (
     "train_max_steps",
     "train_negatives",
     "train_batch_size",
+    "train_batches",
 )
 
 
@@ -56,6 +57,9 @@ class SearchSpace(BaseModel):
     train_max_steps: list[int] = Field(default_factory=lambda: [30, 60, 120], min_length=1)
     train_negatives: list[int] = Field(default_factory=lambda: [0, 1, 3], min_length=1)
     train_batch_size: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1)
+    train_batches: list[Literal["mixed", "law"]] = Field(
+        default_factory=lambda: ["mixed", "law"], min_length=1
+    )
     pairs: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
@@ -122,6 +126,7 @@ class Recipe:
     train_max_steps: int
     train_negatives: int
     train_batch_size: int
+    train_batches: str = "mixed"  # TrainConfig.train_batches: batches of every law or one
     pairs: str = ""  # the training set's name; "" for the sweep's only one
 
     @property
@@ -139,6 +144,8 @@ class Recipe:
             f"r{self.lora_rank} {targets} lr {self.train_lr:.1e} s{self.train_scale:g} "
             f"{self.train_max_steps}x{self.train_batch_size} neg {self.train_negatives}"
         )
+        if self.train_batches != "mixed":
+            text += f" {self.train_batches} batches"
         return f"{text} [{self.pairs}]" if self.pairs else text
 
 
@@ -152,6 +159,7 @@ def default_recipe(defaults: TrainConfig, steps: int, pairs: str = "") -> Recipe
         steps,
         defaults.train_negatives,
         defaults.train_batch_size,
+        defaults.train_batches,
         pairs,
     )
 
@@ -261,6 +269,7 @@ def _suggest(trial: Any, space: SearchSpace) -> Recipe:
         train_max_steps=trial.suggest_categorical("train_max_steps", space.train_max_steps),
         train_negatives=trial.suggest_categorical("train_negatives", space.train_negatives),
         train_batch_size=trial.suggest_categorical("train_batch_size", space.train_batch_size),
+        train_batches=trial.suggest_categorical("train_batches", space.train_batches),
         pairs=trial.suggest_categorical("pairs", space.pairs) if space.pairs else "",
     )
 

@@ -179,12 +179,13 @@ def test_sweep_trains_scores_and_reports(
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump({"lora_rank": [2, 4], "lora_targets": ["query,value"],
         "train_max_steps": [2], "train_batch_size": [2], "train_negatives": [0, 1],
-        "train_scale": [20.0]}))  # fmt: skip
+        "train_scale": [20.0], "train_batches": ["law"]}))  # fmt: skip
     out = tmp_path / "sweep"
     command = ["lora", "sweep", "--base", "tiny", "--data", str(data), "--out", str(out),
                "--space", str(space), "--max-trials", "2", "--seeds", "2", "--first-steps", "2",
                "--fleet", str(fleet), "--device", "cpu", "--lora-rank", "2",
-               "--train-batch-size", "2", "--lora-dropout", "0.05"]  # fmt: skip
+               "--train-batch-size", "2", "--lora-dropout", "0.05",
+               "--train-batches", "law"]  # fmt: skip
     with hub_offline():
         result = runner.invoke(app, command)
     assert result.exit_code == 0, result.output
@@ -192,6 +193,7 @@ def test_sweep_trains_scores_and_reports(
     trials = report["trials"]
     assert len(trials) == 2 and all(t["state"] == "done" for t in trials)
     assert trials[0]["recipe"]["lora_rank"] == 2  # the first trial: the defaults given
+    assert trials[0]["recipe"]["train_batches"] == "law"
     for t in trials:
         assert 0 <= t["ndcg@10"] <= 1 and t["device_s"] > 0 and t["peak_rss_bytes"] > 0
         # each trial's adapter was trained in its own process with its own knobs
@@ -199,6 +201,7 @@ def test_sweep_trains_scores_and_reports(
                                MANIFEST_NAME).read_text())  # fmt: skip
         assert manifest["adapter"]["rank"] == t["recipe"]["lora_rank"]
         assert manifest["adapter"]["alpha"] == 2 * t["recipe"]["lora_rank"]
+        assert manifest["training"]["batches"] == t["recipe"]["train_batches"]
     chosen = report["chosen"]
     assert len(chosen["seeds"]) == 2 and chosen["seeds"][1]["seed"] == 1
     assert chosen["comparison"]["baseline"] == "tiny"

@@ -123,6 +123,7 @@ def test_one_recipe_on_several_sets_is_an_ablation_run_once_each(tmp_path: Path)
         train_max_steps=[FIRST.train_max_steps],
         train_negatives=[FIRST.train_negatives],
         train_batch_size=[FIRST.train_batch_size],
+        train_batches=[FIRST.train_batches],
         pairs=["heading", "paragraph", "all"],
     )
     runner = Runner()
@@ -179,3 +180,7 @@ def test_the_held_settings_name_what_differs_from_the_defaults_and_is_not_swept(
     held = TrainConfig(train_loss="gist", train_autocast="bfloat16", lora_rank=4, train_lr=3e-4)
     assert held_settings(held) == "train_loss gist, train_autocast bfloat16"
     assert held_settings(TrainConfig()) == ""
+    # batches of one law are a swept knob: the recipe's label names them, not the held
+    assert held_settings(TrainConfig(train_batches="law")) == ""
+    law = default_recipe(TrainConfig(train_batches="law"), steps=10)
+    assert law.label().endswith("neg 0 law batches") and FIRST.label().endswith("neg 0")
