@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import NoDecode
 
+Batches = Literal["mixed", "law"]  # what a training batch is drawn from (train_batches)
+
 
 class TrainConfig(BaseModel):
     lora_rank: int = Field(
@@ -74,7 +76,7 @@ class TrainConfig(BaseModel):
         description="Texts per embedding mini-batch of the cached losses (also cut at the "
         "profile's forward_tokens); smaller holds less memory, larger runs faster.",
     )
-    train_batches: Literal["mixed", "law"] = Field(
+    train_batches: Batches = Field(
         default="mixed",
         description="What a batch is drawn from: 'mixed' takes pairs of every law, so most "
         "in-batch negatives are other laws' sections; 'law' draws each batch from one law "

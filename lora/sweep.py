@@ -24,11 +24,11 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol, get_args
 
 from pydantic import BaseModel, Field, model_validator
 
-from lora.config import TrainConfig
+from lora.config import Batches, TrainConfig
 
 SWEPT = (
     "lora_rank",
@@ -57,8 +57,8 @@ class SearchSpace(BaseModel):
     train_max_steps: list[int] = Field(default_factory=lambda: [30, 60, 120], min_length=1)
     train_negatives: list[int] = Field(default_factory=lambda: [0, 1, 3], min_length=1)
     train_batch_size: list[int] = Field(default_factory=lambda: [16, 32, 64], min_length=1)
-    train_batches: list[Literal["mixed", "law"]] = Field(
-        default_factory=lambda: ["mixed", "law"], min_length=1
+    train_batches: list[Batches] = Field(
+        default_factory=lambda: list(get_args(Batches)), min_length=1
     )
     pairs: list[str] = Field(default_factory=list)
 
