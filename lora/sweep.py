@@ -126,7 +126,7 @@ class Recipe:
     train_max_steps: int
     train_negatives: int
     train_batch_size: int
-    train_batches: str = "mixed"  # TrainConfig.train_batches: batches of every law or one
+    train_batches: Batches = "mixed"  # TrainConfig.train_batches: batches of every law or one
     pairs: str = ""  # the training set's name; "" for the sweep's only one
 
     @property

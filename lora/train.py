@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from lora.callbacks import RUN_KEY_FILE, STATE_FILE, CountingTrainer, Counts, Measure, load_counts
-from lora.config import Prices, TrainConfig
+from lora.config import Batches, Prices, TrainConfig
 from lora.cost import run_cost
 from lora.dataset import Pair, read_pairs
 from lora.manifest import (
@@ -214,7 +214,7 @@ def training_data(
     prompts: dict[str, str],
     negatives: Sequence[list[str]] | None,
     count: int,
-    batches: Literal["mixed", "law"] = "mixed",
+    batches: Batches = "mixed",
 ) -> Any:
     """The pairs with serving's prompts put before the text, as serving puts them (a
     plain prefix, so the tokenizer sees the same string).
@@ -241,16 +241,8 @@ def training_data(
         groups.setdefault(pair.law if batches == "law" else "", []).append(i)
     sets: dict[str, dict[str, list[str]]] = {}
     for group, members in groups.items():
-        chosen = [pairs[i] for i in members]
-        if negatives is None:
-            shapes = {
-                "pairs": {
-                    "query": [p.query for p in chosen],
-                    "positive": [p.positive for p in chosen],
-                }
-            }
-        else:
-            shapes = columns(chosen, [negatives[i] for i in members], count)
+        mined = [negatives[i] if negatives is not None else [] for i in members]
+        shapes = columns([pairs[i] for i in members], mined, count)
         for shape, rows in shapes.items():
             if rows["query"]:
                 sets["/".join(filter(None, (group, shape)))] = rows
