@@ -126,7 +126,9 @@ class Bench:
 
     async def one(self, text: str) -> tuple[float, int]:
         start = time.perf_counter()
-        result = await asyncio.wait_for(await self.queue.put(job_of(text)), 60)
+        answer = await self.queue.put(job_of(text))
+        async with asyncio.timeout(60):
+            result = await answer
         assert isinstance(result, JobResult)
         return time.perf_counter() - start, result.prompt_tokens
 

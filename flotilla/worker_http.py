@@ -76,7 +76,8 @@ class WorkerHttp(Lifecycle):
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ValueError):
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+            async with asyncio.timeout(5):
+                head = await reader.readuntil(b"\r\n\r\n")
             method, path, _ = head[:MAX_REQUEST_BYTES].split(b"\r\n", 1)[0].decode().split(" ", 2)
             status, media_type, body = (
                 self._answer(path.split("?", 1)[0])

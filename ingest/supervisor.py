@@ -155,4 +155,5 @@ class IngestSupervisor(Lifecycle):
                 self._status.restarts,
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()

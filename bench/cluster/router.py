@@ -173,9 +173,8 @@ class Router:
         assert self._session is not None
         started, marker = time.monotonic(), list(self._sent)
         try:
-            loads = await asyncio.wait_for(
-                asyncio.gather(*(self._load(url) for url in self.workers)), POLL_TIMEOUT_S
-            )
+            async with asyncio.timeout(POLL_TIMEOUT_S):
+                loads = await asyncio.gather(*(self._load(url) for url in self.workers))
         except (aiohttp.ClientError, TimeoutError, ValueError, IndexError) as exc:
             self.stats.poll_failures += 1
             log.warning("polling the workers failed: %r", exc)

@@ -73,10 +73,10 @@ class InProcessQueue:
         async with self._available:
             if self._most_urgent(models) is None:
                 try:
-                    await asyncio.wait_for(
-                        self._available.wait_for(lambda: self._most_urgent(models) is not None),
-                        timeout_s,
-                    )
+                    async with asyncio.timeout(timeout_s):
+                        await self._available.wait_for(
+                            lambda: self._most_urgent(models) is not None
+                        )
                 except TimeoutError:
                     return []
             return take_within(self._heads(models), max_tokens)

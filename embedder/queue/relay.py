@@ -85,7 +85,8 @@ class Relay(Lifecycle):
             if room <= 0 or not models:
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._room.wait(), POLL_S)
+                    async with asyncio.timeout(POLL_S):
+                        await self._room.wait()
                 continue
             try:
                 jobs = await self.source.pull(models, room, POLL_S)

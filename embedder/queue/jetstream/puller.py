@@ -143,7 +143,8 @@ class JetStreamPuller(Lifecycle):
         while self._held and (remaining := deadline - time.monotonic()) > 0:
             self._released.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._released.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._released.wait()
         left = len(self._held)
         self._answers = False
         await self._hand_back_fetching()

@@ -108,6 +108,29 @@ async def test_a_put_wakes_a_waiting_puller() -> None:
     assert time.perf_counter() - start < WAIT_S / 2
 
 
+async def test_a_puller_cancelled_as_a_job_arrives_is_cancelled_and_leaves_the_job() -> None:
+    # A worker stops by cancelling its pull; a cancel that lands in the same turn as the
+    # wake-up must still end the pull (asyncio.wait_for on Python 3.11 would lose it and
+    # hand the job to a worker that is going away).
+    queue = InProcessQueue()
+    cancelled = 0
+    for step in range(4):  # land the cancel at each step of the wake-up in turn
+        puller = asyncio.create_task(queue.pull(["alpha"], max_tokens=100, timeout_s=WAIT_S))
+        await asyncio.sleep(0)
+        await queue.put(job(f"j{step}"))
+        for _ in range(step):
+            await asyncio.sleep(0)
+        if puller.done():  # the pull finished first: the job is the puller's
+            assert ids(await puller) == [f"j{step}"]
+            continue
+        puller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await puller
+        assert ids(await queue.pull(["alpha"], max_tokens=100, timeout_s=0)) == [f"j{step}"]
+        cancelled += 1
+    assert cancelled  # at least one cancel did land mid-wake-up: the test tests something
+
+
 async def test_a_put_for_another_model_does_not_satisfy_a_puller() -> None:
     queue = InProcessQueue()
     puller = asyncio.create_task(queue.pull(["alpha"], max_tokens=100, timeout_s=0.05))
