@@ -253,8 +253,10 @@ def launched_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Launc
 
 @pytest.fixture(scope="session")
 def real_server(launched_server: _Launched) -> RealServer:
-    """The real server, once /ready says every model is loaded (up to 300 s: on a busy
-    2-core machine the bundled fleet loads in about 90 s, and the first run imports e5)."""
+    """The real server, once /ready says every model is loaded (up to 600 s: on a 2-core
+    machine alone the bundled fleet loads in about 90 s; with a training run on one of
+    the cores, calibrating a device without a tuned profile took 344 s, the generator's
+    dtype probe 195 s of it)."""
     proc, url, log = launched_server.proc, launched_server.url, launched_server.log
-    wait_ready(url, lambda: None if proc.poll() is None else log.read_text(), timeout_s=300)
+    wait_ready(url, lambda: None if proc.poll() is None else log.read_text(), timeout_s=600)
     return RealServer(url, log, launched_server.model_cache)
