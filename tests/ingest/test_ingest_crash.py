@@ -139,9 +139,10 @@ async def test_kill_9_mid_stream_loses_and_duplicates_nothing(
     async def replacing() -> bool:
         return 0 < await lag() < len(second)
 
+    # Killed the moment a poll sees the phase under way; asking the lag again after the
+    # kill would race the surviving worker, which may finish the phase in under a second.
     await wait_for(replacing, 120, "the second phase to start", workers)
     workers[1].kill()
-    assert await lag() > 0, "the second phase ended before the kill; make it longer"
     workers.append(Process("ingest", args, tmp_path / "worker-restarted-2.log"))
     await wait_for(drained, 300, "every record to be committed", workers)
     for worker in workers[2:]:
