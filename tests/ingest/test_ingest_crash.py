@@ -44,9 +44,13 @@ def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def wait_for(
-    check: Callable[[], Awaitable[bool]], timeout_s: float, what: str, workers: list[Process]
+    check: Callable[[], Awaitable[bool]],
+    timeout_s: float,
+    what: str,
+    workers: list[Process],
+    every_s: float = 0.5,
 ) -> None:
-    """Poll ``check``; fail early if a worker dies on its own, with its log."""
+    """Poll ``check`` every ``every_s``; fail early if a worker dies on its own, with its log."""
     deadline = time.monotonic() + timeout_s
     while not await check():
         for worker in workers:
@@ -55,7 +59,7 @@ async def wait_for(
         if time.monotonic() > deadline:
             logs = "\n---\n".join(w.log.read_text()[-2000:] for w in workers)
             raise AssertionError(f"timed out waiting for {what}:\n{logs}")
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(every_s)
 
 
 def long_text(i: int, sentences: int, version: str) -> str:
@@ -140,8 +144,9 @@ async def test_kill_9_mid_stream_loses_and_duplicates_nothing(
         return 0 < await lag() < len(second)
 
     # Killed the moment a poll sees the phase under way; asking the lag again after the
-    # kill would race the surviving worker, which may finish the phase in under a second.
-    await wait_for(replacing, 120, "the second phase to start", workers)
+    # kill would race the surviving worker, which may finish the phase in under a second,
+    # hence the close polling too.
+    await wait_for(replacing, 120, "the second phase to start", workers, every_s=0.02)
     workers[1].kill()
     workers.append(Process("ingest", args, tmp_path / "worker-restarted-2.log"))
     await wait_for(drained, 300, "every record to be committed", workers)
