@@ -31,6 +31,7 @@ from bench import report, served, texts
 from bench.cluster.processes import Children, wait_until
 from bench.hostpath import EMULATED_ENV, emulated
 from bench.load import HOST, free_port
+from embedder.device import cpu_model
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -140,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print(report.table(["path", "p50 ms", "p90 ms", "p99 ms"], rows))
     print(
         f"JetStream adds {added['p50_ms']:.2f} ms at p50 and {added['p99_ms']:.2f} ms at p99 "
-        f"to one request ({report.cpu_model()}); wrote {path}"
+        f"to one request ({cpu_model()}); wrote {path}"
     )
     return result
 

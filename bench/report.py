@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from embedder.device import SPEED_FLAGS, cpu_flags, cpu_model
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -21,35 +23,11 @@ def results_dir() -> Path:
     return RESULTS
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_flags() -> list[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    found = set(line.split(":", 1)[1].split())
-                    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
-                    return [flag for flag in wanted if flag in found]
-    except OSError:
-        pass
-    return []
-
-
 def machine(threads: int) -> dict[str, Any]:
     """What the numbers depend on: CPU, cores, threads and library versions."""
     info: dict[str, Any] = {
         "cpu": cpu_model(),
-        "cpu_flags": cpu_flags(),
+        "cpu_flags": sorted(cpu_flags() & set(SPEED_FLAGS)),
         "cores": os.cpu_count(),
         "threads": threads,
         "python": platform.python_version(),

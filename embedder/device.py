@@ -67,6 +67,12 @@ def read_cpuinfo() -> str:
         return ""
 
 
+def cpu_model() -> str:
+    """This CPU's model name ('unknown' where /proc/cpuinfo has none): named beside every
+    figure measured on it."""
+    return parse_cpuinfo(read_cpuinfo())[0]
+
+
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags (avx512_bf16, avx512_vnni, ...): what runtimes check
     before choosing kernels."""

@@ -37,6 +37,7 @@ from typing import Any, Literal, TextIO
 import numpy as np
 import torch
 
+from embedder.device import cpu_model
 from lora.callbacks import RUN_KEY_FILE, STATE_FILE, CountingTrainer, Counts, Measure, load_counts
 from lora.config import Batches, Prices, TrainConfig
 from lora.cost import run_cost
@@ -92,16 +93,7 @@ def seed_everything(seed: int) -> None:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return str(torch.cuda.get_device_name(device))
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="ignore") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "cpu"
+    return cpu_model()
 
 
 # Names architectures give the dropout on attention weights (BERT/XLM-R; most others).

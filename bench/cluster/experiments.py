@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from bench import report
 from bench.cluster.cost_model import CostModel
 from bench.cluster.engine import SimResult, simulate
 from bench.cluster.policies import POLICIES, VIEW_POLICIES
 from bench.cluster.workloads import SEED, Capacity, Workload, capacity, make_workload
+from embedder.device import cpu_model
 
 
 def max_load(
@@ -285,7 +285,7 @@ def run_plan(plan: Plan, jobs: int) -> dict[str, Any]:
         "max_load": best,
         "ratios": ratios(best),
         "sweep": sweep,
-        "host": {"cpu": report.cpu_model(), "cores": os.cpu_count(), "jobs": jobs},
+        "host": {"cpu": cpu_model(), "cores": os.cpu_count(), "jobs": jobs},
         "elapsed_s": time.perf_counter() - started,
     }
 
