@@ -11,6 +11,7 @@ the gateway side can compute it; only a CUDA fingerprint imports torch.
 from __future__ import annotations
 
 import os
+import platform
 import re
 from pathlib import Path
 
@@ -68,9 +69,10 @@ def read_cpuinfo() -> str:
 
 
 def cpu_model() -> str:
-    """This CPU's model name ('unknown' where /proc/cpuinfo has none): named beside every
-    figure measured on it."""
-    return parse_cpuinfo(read_cpuinfo())[0]
+    """This CPU's model name, named beside every figure measured on it; where
+    /proc/cpuinfo has none (macOS, many ARM boards) the platform's processor name."""
+    model = parse_cpuinfo(read_cpuinfo())[0]
+    return model if model != "unknown" else (platform.processor() or "unknown")
 
 
 def cpu_flags() -> frozenset[str]:
