@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 
 import yaml
 
-from embedder.device import fingerprint
-from embedder.fleet import DeviceKind, ModelSpec, Profile
-from embedder.runtimes import PRECISIONS
+from embedder.core.device import fingerprint
+from embedder.core.fleet import DeviceKind, ModelSpec, Profile
+from embedder.tasks.embed.runtimes import PRECISIONS
 from embedder.tuned import TunedProfiles, load_tuned, profile_for
 
 # The host-path runtime has the real tokenizer and no model: its vectors mean
@@ -50,7 +50,7 @@ def precisions_of(
     device: DeviceKind,
     registry: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
 ) -> list[str]:
-    """The precisions ``runtime`` offers on ``device``: ``embedder.runtimes.PRECISIONS``
+    """The precisions ``runtime`` offers on ``device``: ``embedder.tasks.embed.runtimes.PRECISIONS``
     (runtime -> device -> precisions); none for a runtime it does not list (the emulated
     device computes no model)."""
     offered = (PRECISIONS if registry is None else registry).get(runtime, {})

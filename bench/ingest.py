@@ -30,10 +30,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench import texts
 from bench.report import machine, median, results_dir, table, write_json
-from embedder.codecs import RequestLimits
-from embedder.fleet import load_fleet
+from embedder.core.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.codecs import RequestLimits
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore

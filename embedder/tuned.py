@@ -2,7 +2,7 @@
 profile a model is served with.
 
 The file (``embedder/tuned.yaml`` in the package, or ``--tuned-file``) maps a model to
-a device fingerprint (``embedder.device``) to the chosen profile fields and what was
+a device fingerprint (``embedder.core.device``) to the chosen profile fields and what was
 measured. A fleet entry opts in by leaving the choice to flotilla, ``dtype: auto`` in
 its profile for that device: then a tuned profile for this device replaces the tuned
 fields (runtime, dtype, threads, pass shape, batch budget) and the fleet keeps the rest
@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from embedder.fleet import DeviceKind, FleetError, ModelSpec, Profile
+from embedder.core.fleet import DeviceKind, FleetError, ModelSpec, Profile
 
 # The fields the tuner chooses; a tuned entry holds exactly these.
 TUNED_FIELDS = (

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from embedder.fleet import DeviceKind, Precision, Profile
-from embedder.runtimes import PRECISIONS, RUNTIMES
+from embedder.core.fleet import DeviceKind, Precision, Profile
+from embedder.tasks.embed.runtimes import PRECISIONS, RUNTIMES
 
 
 @dataclass(frozen=True, slots=True)

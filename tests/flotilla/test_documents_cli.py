@@ -22,10 +22,10 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from embedder.adapters import AdapterCatalog
-from embedder.codecs import RequestLimits
+from embedder.core.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.codecs import RequestLimits
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from embedder.adapters import AdapterCatalog
-from embedder.codecs import RequestLimits
+from embedder.core.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.codecs import RequestLimits
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app

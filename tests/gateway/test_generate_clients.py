@@ -18,8 +18,8 @@ import torch
 import uvicorn
 import yaml
 
-from embedder import metrics
-from embedder.generation.runtime import GenerationRuntime
+from embedder.serving import metrics
+from embedder.tasks.generate.runtime import GenerationRuntime
 from flotilla.serve import build_app
 from flotilla.settings import Settings
 from tests.embedder.generation.conftest import TINY_SOURCE, TINY_TEMPLATE

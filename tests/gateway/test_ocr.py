@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from embedder.fleet import load_fleet
+from embedder.core.fleet import load_fleet
 from flotilla.settings import Settings
 from tests.embedder.ocr.samples import (
     broken_xref_pdf,

@@ -7,8 +7,8 @@ import asyncio
 
 import httpx
 
-from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
+from embedder.tasks.embed.codecs import RequestLimits
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.codecs import RequestLimits
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app

@@ -22,10 +22,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
-from embedder.codecs import RequestLimits
-from embedder.fleet import load_fleet
+from embedder.core.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.codecs import RequestLimits
 from flotilla.serve import build_app
 from flotilla.settings import Settings
 from ingest.dead_letters import ERROR_HEADER, TRUNCATED_HEADER, TRUNCATED_VALUE_BYTES, dlq_topic

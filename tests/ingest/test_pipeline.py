@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedder.codecs import RequestLimits
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.codecs import RequestLimits
 from ingest.chunking import Chunking
 from ingest.embedding import QueueEmbedder, model_windows
 from ingest.pipeline import Backoff, IngestCore, RawRecord

@@ -18,15 +18,15 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from prometheus_client import Counter as MetricCounter
 
-from embedder.batching import take_within, urgency
-from embedder.errors import LimitExceeded
-from embedder.jobs import EmbedJob
-from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.core.errors import LimitExceeded
+from embedder.core.jobs import Job
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.dead_letters import DeadLetters
 from embedder.queue.jetstream.streams import JetStreamConfig, ensure_consumer, ensure_streams
 from embedder.queue.jetstream.submitter import connect
 from embedder.queue.protocol import Outcome, Partial
+from embedder.tasks.embed.batching import take_within, urgency
 
 log = logging.getLogger(__name__)
 
@@ -156,9 +156,7 @@ class JetStreamPuller(Lifecycle):
 
     # -- JobPuller ---------------------------------------------------------------------
 
-    async def pull(
-        self, models: Collection[str], max_tokens: int, timeout_s: float
-    ) -> list[EmbedJob]:
+    async def pull(self, models: Collection[str], max_tokens: int, timeout_s: float) -> list[Job]:
         if not self._serving or not models:
             await asyncio.sleep(timeout_s)
             return []
@@ -337,7 +335,7 @@ class JetStreamPuller(Lifecycle):
             await asyncio.sleep(timeout_s)
             return []
 
-    async def _admit(self, msg: Msg, now: float) -> EmbedJob | None:
+    async def _admit(self, msg: Msg, now: float) -> Job | None:
         try:
             job, reply_to = wire.decode_job(msg.headers, msg.data)
         except wire.MalformedRecord as exc:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from embedder.codecs import RequestLimits
-from embedder.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind, ModelSpec
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.codecs import RequestLimits
 from tests.embedder.tuning.test_search import BEHAVIOURS, Clock, PerturbedRuntime
 from tests.fakes import fake_fleet
 
