@@ -22,15 +22,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from embedder.core.errors import FlotillaError, InferenceFailed
 from embedder.core.jobs import Job
 from embedder.core.lifecycle import cancel_and_wait
 from embedder.queue import JobPuller
 from embedder.serving import metrics
+from embedder.serving.thread import OneThread
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.execute import (
@@ -45,7 +45,6 @@ from embedder.tasks.embed.execute import (
 
 log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
 Batch = tuple[Job, ...]
 
 
@@ -147,8 +146,8 @@ class Pipeline:
         self.request_limits = request_limits
         self.clock = clock
         self.pace = Pace()
-        self._host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-host")
-        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-device")
+        self._host = OneThread("host")
+        self._device = OneThread("device")
         self._ahead: _Staged | None = None  # taken (maybe prepared) while the device ran
         self._running: Batch = ()  # being prepared, on the device, or waiting to finish
         self._finishing: Batch = ()  # being encoded and delivered
@@ -162,8 +161,8 @@ class Pipeline:
         if self._finisher is not None:
             self._finisher.cancel()
         self._ahead, self._running, self._finishing = None, (), ()
-        for executor in (self._host, self._device):
-            executor.shutdown(wait=False, cancel_futures=True)
+        self._host.close()
+        self._device.close()
 
     async def run(self, ready: Handoff) -> None:
         """The runner loop: take each formed batch from ``ready`` and see it through."""
@@ -194,7 +193,7 @@ class Pipeline:
         """The device's part, in a turn of the device shared with generation."""
         deadline = min((job.deadline for job, _, _ in prepared.items), default=0.0)
         async with self.turns.turn("embed", deadline):
-            return await self._call(self._device, forward_batch, prepared, model)
+            return await self._device.call(forward_batch, prepared, model)
 
     async def _prepared(self, staged: _Staged) -> Prepared | None:
         """The batch decoded and tokenized, less the jobs withdrawn by now; None if none
@@ -219,7 +218,7 @@ class Pipeline:
         model = self.models[jobs[0].model]
         start = time.perf_counter()
         try:
-            prepared = await self._call(self._host, prepare_batch, jobs, model, self.request_limits)
+            prepared = await self._host.call(prepare_batch, jobs, model, self.request_limits)
         except Exception as exc:  # prepare_batch classifies bad input: this is a bug
             log.exception("preparing a batch on %s crashed", model.spec.name)
             error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
@@ -266,7 +265,7 @@ class Pipeline:
 
     async def _finish(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:
         try:
-            report = await self._call(self._host, finish_batch, forwarded, model, now)
+            report = await self._host.call(finish_batch, forwarded, model, now)
         except Exception as exc:  # finish_batch classifies encoding errors: this is a bug
             log.exception("encoding a batch on %s crashed", model.spec.name)
             error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
@@ -289,7 +288,3 @@ class Pipeline:
             outcome_label = type(outcome).__name__ if isinstance(outcome, FlotillaError) else "ok"
             metrics.JOBS.labels(name, outcome_label).inc()
             await self.queue.complete(job.id, outcome)
-
-    @staticmethod
-    async def _call(executor: ThreadPoolExecutor, fn: Callable[..., _T], *args: object) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)

@@ -22,6 +22,7 @@ from embedder.core.jobs import Job
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue import JobPuller
 from embedder.serving import metrics
+from embedder.serving.pulling import IDLE_POLL_S, pull_or_pause
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.embed.adaptive import WaitController, flushed_full
 from embedder.tasks.embed.batching import (
@@ -36,8 +37,6 @@ from embedder.tasks.embed.execute import LoadedModel
 from embedder.tasks.embed.pipeline import Handoff, Pipeline
 
 log = logging.getLogger(__name__)
-
-IDLE_POLL_S = 0.25  # how often an idle worker rechecks for stop
 
 
 class Worker(Lifecycle):
@@ -142,7 +141,9 @@ class Worker(Lifecycle):
             delay = flush_delay(self._pending, self.limits, now)
             room = self.capacity_tokens - sum(job.est_tokens for job in self._pending)
             if delay > 0 and room > 0:
-                pulled = await self.queue.pull(list(self.models), room, min(delay, IDLE_POLL_S))
+                pulled = await pull_or_pause(
+                    self.queue, list(self.models), room, min(delay, IDLE_POLL_S)
+                )
                 self._pending.extend(pulled)
                 continue
             plan = form_batch(

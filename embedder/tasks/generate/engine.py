@@ -25,9 +25,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import torch
 from transformers import DynamicCache
@@ -44,6 +42,8 @@ from embedder.core.jobs import Job, JobResult, Timings
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue import JobPuller, Partial, StreamingPuller
 from embedder.serving import metrics
+from embedder.serving.pulling import IDLE_POLL_S, fail_all, pull_or_pause, settle_departed
+from embedder.serving.thread import OneThread
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.generate import requests
 from embedder.tasks.generate.kv import KVBatch, prefill, prefill_many, rows_of
@@ -54,7 +54,6 @@ from embedder.tasks.generate.text import TextSoFar
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.25  # how long an idle engine waits for a job before rechecking
 # While sequences run, a pull must not hold up the next step; not 0: a distributed
 # substrate's fetch needs a positive timeout. A step takes tens of milliseconds or more.
 BUSY_POLL_S = 0.001
@@ -63,7 +62,6 @@ BUSY_POLL_S = 0.001
 # interval (5 ms by default). Measured on the 2-core EPYC, 32 streamed clients in-process:
 # 50 tok/s at 5 ms, 58 at 0.2 ms, 68 at 50 us (= the same clients not streamed).
 SWITCH_INTERVAL_S = 50e-6
-_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +134,7 @@ class GenerationEngine(Lifecycle):
         self.prefilling: list[Sequence] = []
         self.pulled: list[Job] = []  # taken, waiting for room
         self.done_first: list[Sequence] = []  # finished by their first token
-        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-generate")
+        self._device = OneThread("generate")
         self._task: asyncio.Task[None] | None = None
         self._owner = f"generate:{spec.name}"
         self._deadline = 0.0  # of the turn running now
@@ -165,9 +163,8 @@ class GenerationEngine(Lifecycle):
         jobs = [s.job for s in (*self.rows, *self.prefilling)] + self.pulled
         self.rows, self.prefilling, self.pulled = [], [], []
         self.batch = KVBatch()
-        self._device.shutdown(wait=False, cancel_futures=True)
-        for job in jobs:
-            await self.queue.complete(job.id, DeadlineExceeded("the worker stopped"))
+        self._device.close()
+        await fail_all(self.queue, jobs, DeadlineExceeded("the worker stopped"))
 
     @property
     def active(self) -> list[Sequence]:
@@ -177,11 +174,7 @@ class GenerationEngine(Lifecycle):
 
     async def _loop(self) -> None:
         while True:
-            try:
-                await self._admit()
-            except Exception:  # a queue's hiccup (a broker reconnecting): retry, do not die
-                log.exception("pulling generation jobs for %s failed; retrying", self.name)
-                await asyncio.sleep(IDLE_POLL_S)
+            await self._admit()
             await self._drop_departed()
             if not self.active:
                 continue
@@ -195,7 +188,7 @@ class GenerationEngine(Lifecycle):
                 for part in [part for part, work in parts if work]:
                     async with self.turns.turn(owner, deadline):
                         start = time.perf_counter()
-                        tokens += await self._call(part)
+                        tokens += await self._device.call(part)
                         elapsed = time.perf_counter() - start
                         metrics.INFERENCE_SECONDS.labels(self.name).observe(elapsed)
             except Exception as exc:  # a model failure fails its sequences, not the loop
@@ -214,7 +207,7 @@ class GenerationEngine(Lifecycle):
         count = len(self.active) + len(self.pulled)
         if room > 0 and count < self.limits.max_sequences:
             timeout = BUSY_POLL_S if self.active or self.pulled else IDLE_POLL_S
-            self.pulled += await self.queue.pull([self.name], room, timeout)
+            self.pulled += await pull_or_pause(self.queue, [self.name], room, timeout)
         while self.pulled and len(self.active) < self.limits.max_sequences:
             job = self.pulled[0]
             if self.active and reserved + job.est_tokens > self.limits.kv_tokens:
@@ -223,7 +216,7 @@ class GenerationEngine(Lifecycle):
             if job.id in self.queue.cancelled([job.id]):
                 continue
             try:
-                outcome = await self._call(self._prepare, job)
+                outcome = await self._device.call(self._prepare, job)
             except Exception as exc:  # _prepare classifies bad input: this is a bug
                 log.exception("preparing a job on %s crashed", self.name)
                 outcome = InferenceFailed(f"the worker failed on this request: {exc!r}")
@@ -237,17 +230,15 @@ class GenerationEngine(Lifecycle):
     async def _drop_departed(self) -> None:
         """Sequences nobody waits for (the client left) or past their deadline stop now."""
         live = self.active
-        gone = self.queue.cancelled(s.job.id for s in live)
-        now = self.clock()
+        kept = {
+            job.id
+            for job in await settle_departed(
+                self.queue, self.name, (s.job for s in live), self.clock()
+            )
+        }
         for s in live:
-            if s.job.id in gone:
-                s.finish = "cancelled"
-                metrics.JOBS.labels(self.name, "cancelled").inc()
-            elif s.job.deadline <= now:
-                s.finish = "expired"
-                await self.queue.complete(
-                    s.job.id, DeadlineExceeded("the request's deadline passed while generating")
-                )
+            if s.job.id not in kept:
+                s.finish = "departed"
         self._leave()
 
     def _leave(self) -> None:
@@ -258,8 +249,7 @@ class GenerationEngine(Lifecycle):
         self.prefilling = [s for s in self.prefilling if s.finish is None]
 
     async def _fail_all(self, error: FlotillaError) -> None:
-        for s in self.active:
-            await self.queue.complete(s.job.id, error)
+        await fail_all(self.queue, (s.job for s in self.active), error)
         self.rows, self.prefilling, self.batch = [], [], KVBatch()
 
     # -- device thread ----------------------------------------------------------
@@ -435,6 +425,3 @@ class GenerationEngine(Lifecycle):
             extra_headers={"x-completion-tokens": str(made)},
         )
         await self.queue.complete(s.job.id, result)
-
-    async def _call(self, fn: Callable[..., _T], *args: object) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._device, fn, *args)

@@ -20,9 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -33,6 +31,8 @@ from embedder.core.jobs import Job, JobResult, Timings
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue import JobPuller
 from embedder.serving import metrics
+from embedder.serving.pulling import IDLE_POLL_S, fail_all, pull_or_pause, settle_departed
+from embedder.serving.thread import OneThread
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.ocr import api, detect, recognize
 from embedder.tasks.ocr.api import Line, OcrLimits, PageText
@@ -42,9 +42,6 @@ from embedder.tasks.ocr.layout import reading_order
 from embedder.tasks.ocr.runtime import OcrRuntime
 
 log = logging.getLogger(__name__)
-
-IDLE_POLL_S = 0.25  # how long an idle engine waits for a job before rechecking
-_T = TypeVar("_T")
 
 
 @dataclass(eq=False)
@@ -90,7 +87,7 @@ class OcrEngine(Lifecycle):
         self.profile = spec.profile(device)
         self.clock = clock
         self.held: list[Job] = []  # pulled, not yet completed: stop() fails these
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-ocr")
+        self._thread = OneThread("ocr")
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -101,20 +98,14 @@ class OcrEngine(Lifecycle):
         task, self._task = self._task, None
         await cancel_and_wait(task)
         jobs, self.held = self.held, []
-        self._thread.shutdown(wait=False, cancel_futures=True)
-        for job in jobs:
-            await self.queue.complete(job.id, DeadlineExceeded("the worker stopped"))
+        self._thread.close()
+        await fail_all(self.queue, jobs, DeadlineExceeded("the worker stopped"))
 
     # -- the loop ---------------------------------------------------------------------
 
     async def _loop(self) -> None:
         while True:
-            try:
-                self.held = await self._pull()
-            except Exception:  # a queue's hiccup (a broker reconnecting): retry, do not die
-                log.exception("pulling OCR jobs for %s failed; retrying", self.name)
-                await asyncio.sleep(IDLE_POLL_S)
-                continue
+            self.held = await self._pull()
             if not self.held:
                 continue
             try:
@@ -122,19 +113,18 @@ class OcrEngine(Lifecycle):
             except Exception as exc:  # a model failure fails its round, not the loop
                 log.exception("OCR pass failed on %s", self.name)
                 error = InferenceFailed(f"model {self.name!r} failed on this batch: {exc!r}")
-                for job in self.held:
-                    await self.queue.complete(job.id, error)
+                await fail_all(self.queue, self.held, error)
             self.held = []
 
     async def _pull(self) -> list[Job]:
         budget, most = self.profile.max_batch_tokens, self.profile.max_batch_requests
-        jobs = await self.queue.pull([self.name], budget, IDLE_POLL_S)
+        jobs = await pull_or_pause(self.queue, [self.name], budget, IDLE_POLL_S)
         until = self.clock() + self.profile.max_wait_ms / 1e3
         while jobs and len(jobs) < most and (left := until - self.clock()) > 0:
             room = budget - sum(job.est_tokens for job in jobs)
             if room <= 0:
                 break
-            more = await self.queue.pull([self.name], room, left)
+            more = await pull_or_pause(self.queue, [self.name], room, left)
             if not more:
                 break
             jobs += more
@@ -142,23 +132,14 @@ class OcrEngine(Lifecycle):
 
     async def run_round(self, jobs: list[Job]) -> None:
         """Read, detect, recognize and answer ``jobs`` together."""
-        gone = self.queue.cancelled(job.id for job in jobs)
         work: list[_Work] = []
-        for job in jobs:
-            if job.id in gone:
-                metrics.JOBS.labels(self.name, "cancelled").inc()
-            elif job.deadline <= self.clock():
-                metrics.JOBS.labels(self.name, "expired").inc()
-                await self.queue.complete(
-                    job.id, DeadlineExceeded("the request's deadline passed while it waited")
-                )
+        for job in await settle_departed(self.queue, self.name, jobs, self.clock()):
+            outcome = await self._thread.call(self._read, job)
+            if isinstance(outcome, FlotillaError):
+                metrics.JOBS.labels(self.name, type(outcome).__name__).inc()
+                await self.queue.complete(job.id, outcome)
             else:
-                outcome = await self._call(self._read, job)
-                if isinstance(outcome, FlotillaError):
-                    metrics.JOBS.labels(self.name, type(outcome).__name__).inc()
-                    await self.queue.complete(job.id, outcome)
-                else:
-                    work.append(outcome)
+                work.append(outcome)
         if not work:
             return
         deadline = min(w.job.deadline for w in work)
@@ -192,13 +173,13 @@ class OcrEngine(Lifecycle):
         for batch in detection_batches(sizes, self.profile.ocr_detect_pixels):
             pages = [images[i][2].pixels for i in batch]
             shapes = [sizes[i] for i in batch]
-            inputs = await self._call(detect.detection_input, pages, shapes, self.parts)
+            inputs = await self._thread.call(detect.detection_input, pages, shapes, self.parts)
             async with self.turns.turn(f"ocr:{self.name}", deadline):
-                maps = await self._call(self.runtime.detect, inputs)
+                maps = await self._thread.call(self.runtime.detect, inputs)
             for row, i in enumerate(batch):
                 owner, at, page = images[i]
                 owner.lines[at] = []
-                crops += await self._call(self._crops, owner, at, page, maps[row], sizes[i])
+                crops += await self._thread.call(self._crops, owner, at, page, maps[row], sizes[i])
         return crops
 
     def _crops(
@@ -225,14 +206,14 @@ class OcrEngine(Lifecycle):
         )
         for batch in plan:
             lines = [crops[i] for i in batch]
-            inputs = await self._call(
+            inputs = await self._thread.call(
                 recognize.recognition_input,
                 [c.pixels for c in lines],
                 [c.width for c in lines],
                 self.parts.line_height,
             )
             async with self.turns.turn(f"ocr:{self.name}", deadline):
-                probabilities = await self._call(self.runtime.recognize, inputs)
+                probabilities = await self._thread.call(self.runtime.recognize, inputs)
             read = recognize.ctc_decode(probabilities, self.runtime.characters)
             for crop, (text, confidence) in zip(lines, read, strict=True):
                 if text.strip() and confidence >= self.parts.min_confidence:
@@ -264,6 +245,3 @@ class OcrEngine(Lifecycle):
             extra_headers={"x-pages": str(len(pages))},
         )
         await self.queue.complete(w.job.id, result)
-
-    async def _call(self, fn: Callable[..., _T], *args: object) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)

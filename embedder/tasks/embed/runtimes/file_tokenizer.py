@@ -6,7 +6,7 @@ process several hundred MB larger. The emulated device runs no model, so a worke
 it needs only the tokenizer; with this class a cluster of emulated worker processes
 stays light enough to run dozens on one machine. The ids are those of the fast
 tokenizer ``transformers`` builds from the same file (the same Rust library underneath;
-``tests/embedder/runtimes/test_emulated.py`` checks them against the torch runtime's).
+``tests/embedder/tasks/embed/runtimes/test_emulated.py`` checks them against the torch runtime's).
 """
 
 from __future__ import annotations

@@ -21,13 +21,14 @@ from embedder.core.fleet import Fleet
 from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.serving.pulling import IDLE_POLL_S
 from embedder.tasks.embed.adaptive import Gains, WaitController, flushed_full
 from embedder.tasks.embed.batching import BatchLimits, form_batch
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.execute import LoadedModel
 from embedder.tasks.embed.runtimes import Encoded
-from embedder.tasks.embed.worker import IDLE_POLL_S, Worker
-from tests.embedder.test_batching import job
+from embedder.tasks.embed.worker import Worker
+from tests.embedder.tasks.embed.test_batching import job
 from tests.fakes import FakeLoader, FakeRuntime, fake_fleet
 
 TARGET = 0.010

@@ -19,7 +19,14 @@ from embedder.tasks.embed.batching import BatchLimits
 from embedder.tasks.embed.execute import Prepared
 from embedder.tasks.embed.pipeline import Pace
 from embedder.tasks.embed.runtimes import Encoded
-from tests.embedder.test_worker import WAIT_S, Client, expected, spec_of, vectors_of, worker_for
+from tests.embedder.tasks.embed.test_worker import (
+    WAIT_S,
+    Client,
+    expected,
+    spec_of,
+    vectors_of,
+    worker_for,
+)
 from tests.fakes import FAIL_MARKER, FakeRuntime
 
 # -- the pace ----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 from embedder.core.errors import FlotillaError, InvalidRequest, LimitExceeded
 from embedder.core.jobs import ApiShape
-from tests.embedder.test_execute import body_of, job, run, runtime, sigmoid
+from tests.embedder.tasks.embed.test_execute import body_of, job, run, runtime, sigmoid
 
 ALL_TYPES = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
 TEXTS = ["the tenant returns the keys", "a b c", "one"]

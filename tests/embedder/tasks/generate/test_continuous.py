@@ -19,7 +19,7 @@ from embedder.queue.inprocess import InProcessQueue
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.generate.engine import GenerationEngine
 from embedder.tasks.generate.runtime import GenerationRuntime
-from tests.embedder.generation.conftest import tiny_spec
+from tests.embedder.tasks.generate.conftest import tiny_spec
 
 WORDS = [
     "the",

@@ -10,7 +10,7 @@ import torch
 
 from embedder.tasks.generate import runtime
 from embedder.tasks.generate.runtime import GenerationRuntime
-from tests.embedder.generation.conftest import tiny_spec
+from tests.embedder.tasks.generate.conftest import tiny_spec
 
 
 def fake_probe(differ_on: set[int]) -> Any:

@@ -20,7 +20,7 @@ from embedder.serving.turns import DeviceTurns
 from embedder.tasks.generate.engine import GenerationEngine
 from embedder.tasks.generate.runtime import GenerationRuntime
 from tests.distributed.helpers import bounded
-from tests.embedder.generation.conftest import tiny_spec
+from tests.embedder.tasks.generate.conftest import tiny_spec
 from tests.kafka.fixtures import unique_name
 from tests.nats.server import NatsServer
 

@@ -14,7 +14,7 @@ from PIL import Image
 from embedder.core.errors import InvalidRequest, LimitExceeded
 from embedder.tasks.ocr.api import OcrLimits, OcrRequest
 from embedder.tasks.ocr.documents import PageImage, PageLayer, header_size, read_document
-from tests.embedder.ocr.samples import broken_xref_pdf, text_pdf
+from tests.embedder.tasks.ocr.samples import broken_xref_pdf, text_pdf
 
 
 def png(width: int, height: int) -> bytes:

@@ -24,7 +24,7 @@ from embedder.serving.turns import DeviceTurns
 from embedder.tasks.ocr.api import OcrLimits
 from embedder.tasks.ocr.engine import OcrEngine
 from embedder.tasks.ocr.runtime import OcrRuntime
-from tests.embedder.ocr.samples import png_bytes, render_lines
+from tests.embedder.tasks.ocr.samples import png_bytes, render_lines
 
 
 @dataclass

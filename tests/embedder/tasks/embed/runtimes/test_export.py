@@ -10,7 +10,7 @@ import pytest
 from embedder.tasks.embed.runtimes import export as export_module
 from embedder.tasks.embed.runtimes import load_runtime
 from embedder.tasks.embed.runtimes.export import STAMP_FILE, exports_dir, folder_digest, onnx_export
-from tests.embedder.runtimes.conftest import TEXTS, spec_for, worst_cosine
+from tests.embedder.tasks.embed.runtimes.conftest import TEXTS, spec_for, worst_cosine
 from tests.tiny_models import build_tiny_embedder
 
 

@@ -12,7 +12,7 @@ from embedder.core.errors import AdapterInvalid
 from embedder.core.fleet import FleetError, Precision
 from embedder.core.jobs import Task
 from embedder.tasks.embed.runtimes import Runtime, load_runtime
-from tests.embedder.runtimes.conftest import TEXTS, spec_for, worst_cosine
+from tests.embedder.tasks.embed.runtimes.conftest import TEXTS, spec_for, worst_cosine
 
 # runtime, precision, the least worst-cosine to torch fp32 (tiny random models: plumbing,
 # so reduced precisions only have to stay close-ish)

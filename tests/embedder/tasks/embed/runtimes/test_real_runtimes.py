@@ -8,7 +8,7 @@ from numpy.typing import NDArray
 
 from embedder.core.fleet import ModelSpec, Precision, load_fleet
 from embedder.tasks.embed.runtimes import load_runtime
-from tests.embedder.runtimes.conftest import worst_cosine
+from tests.embedder.tasks.embed.runtimes.conftest import worst_cosine
 
 pytestmark = pytest.mark.slow
 
