@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import report, texts
-from embedder.core.fleet import load_fleet
+from embedder.core.fleet import entry_as
 from embedder.tasks.embed.runtimes import Runtime, load_runtime
+from embedder.tasks.embed.spec import EncoderSpec
+from embedder.tasks.fleet import load_fleet
 
 Row = Callable[[Sequence[str]], None]
 
@@ -126,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     fleet = load_fleet()
-    spec = fleet.get(fleet.default_model)
+    spec = entry_as(fleet.get(fleet.default_model), EncoderSpec)
     path = str(spec.source.resolve())
     corpus = texts.build(args.n_texts, args.seed)
     chunks = [corpus.texts[i : i + args.chunk] for i in range(0, len(corpus.texts), args.chunk)]

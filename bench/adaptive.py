@@ -38,13 +38,14 @@ from typing import Any
 
 from bench import texts
 from bench.report import CpuMeter, machine, percentile, table, wait_for_quiet, write_json
-from embedder.core.fleet import load_fleet
 from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.embed.execute import LoadedModel, run_batch
 from embedder.tasks.embed.worker import Worker
+from embedder.tasks.fleet import load_fleet
 
 MODEL = "all-minilm-l6-v2"
 REQUEST_LIMITS = RequestLimits(auto_truncate=True)  # long texts are cut as the engine cuts them
@@ -179,10 +180,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     corpus = texts.build(400).texts
     bundled = load_fleet()
     fleet = bundled.model_copy(update={"models": {MODEL: bundled.get(MODEL)}})
-    host = ModelHost(fleet, InProcessQueue(), REQUEST_LIMITS, device="cpu", threads=args.threads)
+    host = ModelHost(
+        fleet, InProcessQueue(), options=[REQUEST_LIMITS], device="cpu", threads=args.threads
+    )
     async with host:
         await host.wait_ready()
-        model = host.loaded[MODEL]
+        model = LoadedEncoders(host.engines)[MODEL]
         profile_wait_s = model.limits.max_wait_s
         configs = [Config(f"fixed {w:g} ms", w / 1e3) for w in args.waits_ms]
         name = f"controller, target {args.target_ms:g} ms"

@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 import yaml
 
 from embedder.core.device import fingerprint
-from embedder.core.fleet import DeviceKind, ModelSpec, Profile
+from embedder.core.fleet import DeviceKind
 from embedder.tasks.embed.runtimes import PRECISIONS
+from embedder.tasks.embed.spec import EncoderProfile, EncoderSpec
 from embedder.tuned import TunedProfiles, load_tuned, profile_for
 
 # The host-path runtime has the real tokenizer and no model: its vectors mean
@@ -34,14 +35,14 @@ T = TypeVar("T")
 class Candidate:
     key: str  # the row's name, e.g. "torch-bfloat16", "profile", "tuned"
     label: str
-    spec: ModelSpec  # the fleet's model with the device profile overridden
+    spec: EncoderSpec  # the fleet's model with the device profile overridden
 
 
-def with_profile(spec: ModelSpec, device: DeviceKind, **changes: object) -> ModelSpec:
+def with_profile(spec: EncoderSpec, device: DeviceKind, **changes: object) -> EncoderSpec:
     """``spec`` with its ``device`` profile changed; the other profiles are left alone.
     Validated: a field the profile does not have, or a bad value, is a ValueError."""
     base = spec.profile(device).model_dump()
-    profile = Profile.model_validate({**base, **changes})
+    profile = EncoderProfile.model_validate({**base, **changes})
     return spec.model_copy(update={"profiles": {**spec.profiles, device: profile}})
 
 
@@ -58,7 +59,7 @@ def precisions_of(
 
 
 def runtime_candidates(
-    spec: ModelSpec,
+    spec: EncoderSpec,
     device: DeviceKind,
     runtimes: Iterable[str],
     precisions: Callable[[str, DeviceKind], Sequence[str]] = precisions_of,
@@ -81,7 +82,7 @@ def runtime_candidates(
 
 
 def read_profile_file(path: Path) -> dict[str, Any]:
-    """Profile fields from a YAML or JSON file (JSON is YAML): a mapping, checked."""
+    """EncoderProfile fields from a YAML or JSON file (JSON is YAML): a mapping, checked."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -89,14 +90,14 @@ def read_profile_file(path: Path) -> dict[str, Any]:
     data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     if not isinstance(data, dict):
         raise SystemExit(f"{path}: a profile file holds a mapping of profile fields")
-    unknown = sorted(set(data) - set(Profile.model_fields))
+    unknown = sorted(set(data) - set(EncoderProfile.model_fields))
     if unknown:
-        known = ", ".join(Profile.model_fields)
+        known = ", ".join(EncoderProfile.model_fields)
         raise SystemExit(f"{path}: unknown profile fields {unknown}; known: {known}")
     return data
 
 
-def profile_candidate(spec: ModelSpec, device: DeviceKind, path: Path) -> Candidate:
+def profile_candidate(spec: EncoderSpec, device: DeviceKind, path: Path) -> Candidate:
     fields = read_profile_file(path)
     try:
         overridden = with_profile(spec, device, **fields)
@@ -106,7 +107,7 @@ def profile_candidate(spec: ModelSpec, device: DeviceKind, path: Path) -> Candid
 
 
 def tuned_candidate(
-    spec: ModelSpec, device: DeviceKind, tuned: TunedProfiles | None = None
+    spec: EncoderSpec, device: DeviceKind, tuned: TunedProfiles | None = None
 ) -> Candidate | str:
     """The tuned profile for this device, as ``flotilla serve`` would choose it, or why
     there is none (no entry for this fingerprint, or the fleet pins its choice)."""
@@ -119,7 +120,7 @@ def tuned_candidate(
 
 
 def load_each(
-    candidates: Iterable[Candidate], load: Callable[[ModelSpec], T]
+    candidates: Iterable[Candidate], load: Callable[[EncoderSpec], T]
 ) -> tuple[list[tuple[Candidate, T]], list[tuple[str, str]]]:
     """Load every candidate; one that raises is skipped with its reason."""
     loaded: list[tuple[Candidate, T]] = []

@@ -47,8 +47,10 @@ from bench.candidates import (
     tuned_candidate,
     with_profile,
 )
-from embedder.core.fleet import DeviceKind, ModelSpec, Profile, load_fleet
+from embedder.core.fleet import DeviceKind, entry_as
 from embedder.tasks.embed.runtimes import Runtime, load_runtime
+from embedder.tasks.embed.spec import EncoderProfile, EncoderSpec
+from embedder.tasks.fleet import load_fleet
 
 Vectors = NDArray[np.float32]
 TARGET_SPEEDUP = 2.0
@@ -104,7 +106,7 @@ def _precision(dtype: str) -> str:
 
 
 def candidate_methods(
-    spec: ModelSpec, device: DeviceKind, args: argparse.Namespace, default: tuple[str, str]
+    spec: EncoderSpec, device: DeviceKind, args: argparse.Namespace, default: tuple[str, str]
 ) -> tuple[list[Method], list[tuple[str, str]]]:
     """Every runtime x precision (from the registries), the ``--profile`` file and the
     tuned profile, each loaded; one that refuses to load is skipped with its reason. A
@@ -156,7 +158,7 @@ def padded_tokens_st(lengths: Sequence[int], text_lengths: Sequence[int], batch_
     return total
 
 
-def padded_tokens_flotilla(lengths: Sequence[int], profile: Profile) -> int:
+def padded_tokens_flotilla(lengths: Sequence[int], profile: EncoderProfile) -> int:
     from embedder.tasks.embed.batching import micro_batches
 
     passes = micro_batches(lengths, profile.forward_tokens, profile.forward_max_sequences)
@@ -314,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device")
     fleet = load_fleet()
-    spec = fleet.get(fleet.default_model)
+    spec = entry_as(fleet.get(fleet.default_model), EncoderSpec)
     knobs: dict[str, object] = {}
     if args.forward_tokens is not None:
         knobs["forward_tokens"] = args.forward_tokens

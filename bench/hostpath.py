@@ -27,13 +27,14 @@ import numpy as np
 import yaml
 
 from bench import report, served, texts
-from embedder.core.fleet import ModelSpec
+from embedder.core.fleet import entry_as
+from embedder.tasks.embed.spec import EncoderSpec
 
 GPU_TOKENS_PER_S = 1_000_000  # the device the host would have to feed
 EMULATED_ENV = "FLOTILLA_EMULATED_MS_PER_1K_TOKENS"
 
 
-def emulated(spec: ModelSpec) -> ModelSpec:
+def emulated(spec: EncoderSpec) -> EncoderSpec:
     """``spec`` with every profile on the emulated device, batch limits unchanged."""
     profiles = {
         kind: profile.model_copy(update={"runtime": "emulated"})
@@ -156,10 +157,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()
-    spec = emulated(fleet.get(fleet.default_model))
+    spec = emulated(entry_as(fleet.get(fleet.default_model), EncoderSpec))
     corpus = texts.build(args.n_texts, args.seed)
     plan = served.plan_requests(corpus, spec.name, spec.max_tokens, 4096, args.seed, args.encoding)
 

@@ -30,10 +30,11 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench import texts
 from bench.report import machine, median, results_dir, table, write_json
-from embedder.core.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.embed.engine import LoadedEncoders
+from embedder.tasks.fleet import load_fleet
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
@@ -85,14 +86,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     bundled = load_fleet()  # only the measured model: others would only delay the start
     fleet = bundled.model_copy(update={"models": {MODEL: bundled.get(MODEL)}})
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", threads=args.threads)
+    host = ModelHost(fleet, queue, options=[RequestLimits()], device="cpu", threads=args.threads)
     rules = RecordRules("bench", MODEL, 1_000_000, lambda n: n if n in fleet.models else None)
     ceiling_s: list[float] = []
     ingest_s: list[float] = []
     with KafkaBroker() as broker, tempfile.TemporaryDirectory() as tmp:
         async with host:
             await host.wait_ready()
-            runtime = host.loaded[MODEL].runtime
+            runtime = LoadedEncoders(host.engines)[MODEL].runtime
             tokens = runtime.tokenize(docs, "right").tokens
             embedder = QueueEmbedder(queue)
             await embedder.embed([(MODEL, t) for t in docs[:64]])  # warm up

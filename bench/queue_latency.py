@@ -32,6 +32,8 @@ from bench.cluster.processes import Children, wait_until
 from bench.hostpath import EMULATED_ENV, emulated
 from bench.load import HOST, free_port
 from embedder.core.device import cpu_model
+from embedder.core.fleet import entry_as
+from embedder.tasks.embed.spec import EncoderSpec
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -92,10 +94,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()
-    spec = emulated(fleet.get(fleet.default_model))
+    spec = emulated(entry_as(fleet.get(fleet.default_model), EncoderSpec))
     logs = report.results_dir() / f"{args.out}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     fleet_path = logs / "fleet.yaml"

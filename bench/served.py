@@ -56,7 +56,8 @@ from bench.load import plan_requests as plan_requests
 from bench.load import run_level as run_level
 from bench.peers import options, side_by_side
 from embedder.core.device import fingerprint
-from embedder.core.fleet import DeviceKind, ModelSpec, Precision
+from embedder.core.fleet import DeviceKind, Precision, entry_as
+from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tuned import load_tuned, profile_for
 
 # -- the engine ceiling ------------------------------------------------------
@@ -95,7 +96,7 @@ def server_batches(
 
 
 def engine_ceiling(
-    spec: ModelSpec, device: DeviceKind, plan: Plan, threads: int, reps: int, min_tokens: int
+    spec: EncoderSpec, device: DeviceKind, plan: Plan, threads: int, reps: int, min_tokens: int
 ) -> Ceiling:
     """Tokenize + forward in this process, no server running, over the planned
     requests grouped into full server-sized batches (median of ``reps``); also
@@ -358,7 +359,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def one_model_fleet(spec: ModelSpec) -> dict[str, Any]:
+def one_model_fleet(spec: EncoderSpec) -> dict[str, Any]:
     """A fleet file of ``spec`` alone, with only the fields its fleet set: a field written
     out is a choice made (naming the runtime pins it), which would keep the server off
     its tuned profile."""
@@ -367,13 +368,13 @@ def one_model_fleet(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def served_spec(args: argparse.Namespace) -> ModelSpec:
+def served_spec(args: argparse.Namespace) -> EncoderSpec:
     """The fleet's default model with the profile for ``--device`` overridden by
     ``--fleet-profile``, then ``--runtime`` / ``--dtype``."""
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()
-    spec = fleet.get(fleet.default_model)
+    spec = entry_as(fleet.get(fleet.default_model), EncoderSpec)
     changes: dict[str, Any] = {}
     if args.fleet_profile is not None:
         changes.update(read_profile_file(args.fleet_profile))

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from embedder.core.fleet import DeviceKind, FleetError, ModelSpec, Profile
+from embedder.tasks.embed.spec import EncoderProfile
 
 # The fields the tuner chooses; a tuned entry holds exactly these.
 TUNED_FIELDS = (
@@ -36,6 +37,7 @@ HEADER = (
     "# device fingerprint, the profile fields it chose and what it measured. A fleet\n"
     "# entry with `dtype: auto` on that device is served with them.\n"
 )
+_S = TypeVar("_S", bound=ModelSpec)
 ProfileSource = Literal["tuned", "fleet", "quick"]
 
 
@@ -71,7 +73,7 @@ class TunedEntry(BaseModel):
     def _tuned_fields_only(cls, value: dict[str, Any]) -> dict[str, Any]:
         if extra := set(value) - set(TUNED_FIELDS):
             raise ValueError(f"not tuned fields: {sorted(extra)}; tuned: {list(TUNED_FIELDS)}")
-        Profile.model_validate(value)  # each value must be valid for its field
+        EncoderProfile.model_validate(value)  # each value must be valid for its field
         return value
 
 
@@ -127,7 +129,7 @@ class ProfileChoice:
     def describe(self) -> dict[str, object]:
         return {"source": self.source, "fingerprint": self.fingerprint, "why": self.why}
 
-    def apply(self, spec: ModelSpec, device: DeviceKind) -> ModelSpec:
+    def apply(self, spec: _S, device: DeviceKind) -> _S:
         """``spec`` with this profile for ``device``: what runtimes read (spec.profile)."""
         return spec.model_copy(update={"profiles": {**spec.profiles, device: self.profile}})
 

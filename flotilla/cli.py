@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from embedder.tasks.embed.spec import EncoderSpec
 from flotilla.flags import (
     ADAPTERS,
     CHUNKING,
@@ -224,7 +225,7 @@ def models(
     """List the fleet: names, tasks, sources and profiles."""
     if ctx.invoked_subcommand is not None:
         return
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet(settings.fleet)
     rows = [spec.model_dump(mode="json") for spec in fleet.models.values()]
@@ -233,7 +234,8 @@ def models(
         return
     for spec in fleet.models.values():
         aliases = f" (aliases: {', '.join(spec.aliases)})" if spec.aliases else ""
-        prompts = f" prompts={','.join(spec.prompts)}" if spec.prompts else ""
+        named = spec.prompts if isinstance(spec, EncoderSpec) else {}
+        prompts = f" prompts={','.join(named)}" if named else ""
         typer.echo(
             f"{spec.name}\t{spec.task}\t{spec.source.describe()}\t"
             f"max_tokens={spec.max_tokens}{prompts}{aliases}"
@@ -398,7 +400,7 @@ def lora_add(
     servers and workers sharing that directory find it on its first request."""
     from embedder.core.adapters import AdapterCatalog
     from embedder.core.errors import FlotillaError
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet(settings.fleet)
     catalog = AdapterCatalog(fleet, settings.adapters_root)

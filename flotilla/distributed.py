@@ -16,8 +16,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
-from embedder.host import RuntimeLoader
-from embedder.tasks.embed.runtimes import load_runtime
+from embedder.tasks.kind import Loader
 from flotilla import wiring
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
@@ -76,7 +75,7 @@ def serve_gateway(settings: Settings) -> None:
 
 
 async def run_worker(
-    settings: Settings, stop: asyncio.Event | None = None, loader: RuntimeLoader = load_runtime
+    settings: Settings, stop: asyncio.Event | None = None, loader: Loader | None = None
 ) -> None:
     """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
     finish the jobs in hand and hand back the rest. With --topic, also ingest this
@@ -112,7 +111,7 @@ async def run_worker(
         loaded = await unless_stopped(host.wait_ready(), stop)
         if not loaded:
             return
-        if not host.loaded:
+        if not host.served:
             raise SystemExit(f"no model could be loaded: {host.failed}")
         # Fetch only now: requests taken by a worker still loading would wait until it
         # is done.
@@ -121,7 +120,7 @@ async def run_worker(
             await bulk.start()
         await heartbeat.start()
         serving = True
-        log.info("worker: serving %s over %s", sorted(host.loaded), queue.name)
+        log.info("worker: serving %s over %s", sorted(host.served), queue.name)
         await stop.wait()
         log.info("worker: stopping; finishing the jobs in hand")
         await heartbeat.stop()

@@ -6,7 +6,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from embedder.core.fleet import DeviceKind
+from embedder.core.fleet import DeviceKind, entry_as
+from embedder.tasks.embed.spec import EncoderSpec
 from flotilla import wiring
 from flotilla.settings import LoraSettings
 from lora.cost import project, unit_price
@@ -68,7 +69,7 @@ def resolve_base(settings: LoraSettings, base: str, device: DeviceKind) -> BaseM
     if path.is_dir():
         return BaseModelRef(path.resolve(), forward_tokens=FORWARD_TOKENS[device])
     fleet = wiring.configured_fleet(settings)
-    spec = fleet.get(base)  # ModelNotFound lists the fleet
+    spec = entry_as(fleet.get(base), EncoderSpec)  # ModelNotFound lists the fleet
     return BaseModelRef(
         spec.source.resolve(),  # an import source is imported here on first use
         spec.name,
@@ -83,7 +84,7 @@ def resolve_base(settings: LoraSettings, base: str, device: DeviceKind) -> BaseM
 
 
 def train(settings: LoraSettings, base: str, pairs: Path, out: Path, *, resume: bool) -> Manifest:
-    from embedder.tasks.embed.runtimes import detect_device
+    from embedder.core.device import detect_device
     from lora.train import train as run
 
     device = detect_device() if settings.device == "auto" else settings.device

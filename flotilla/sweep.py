@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import FlotillaError
-from embedder.core.fleet import load_fleet
+from embedder.tasks.fleet import load_fleet
 from flotilla import wiring
 from flotilla.settings import LoraSettings
 from flotilla.signals import stop_event, stopped_first

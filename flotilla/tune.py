@@ -21,10 +21,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from embedder.core.device import fingerprint, usable_cores
-from embedder.core.fleet import DeviceKind, ModelSpec
-from embedder.core.jobs import Task
-from embedder.tasks.embed.runtimes import detect_device, load_runtime
+from embedder.core.device import detect_device, fingerprint, usable_cores
+from embedder.core.fleet import DeviceKind, entry_as
+from embedder.tasks.embed.runtimes import load_runtime
+from embedder.tasks.embed.spec import EncoderSpec
+from embedder.tasks.registry import kind_of
 from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned
 from embedder.tuning.candidates import QUICK, Plan
 from embedder.tuning.corpus import TextSection, english_sections, mixed_lengths, paragraphs_of
@@ -77,7 +78,7 @@ def _as_law(sections: Sequence[TextSection]) -> Law:
 
 
 def calibration(
-    spec: ModelSpec, which: Calibration, laws_dir: Path, texts: int, console: Console
+    spec: EncoderSpec, which: Calibration, laws_dir: Path, texts: int, console: Console
 ) -> Calibrated:
     prefix = spec.prompt_prefix(use="document")
     german = which == "gesetze" or (which == "auto" and spec.name in GERMAN)
@@ -229,9 +230,10 @@ def tune(
     fleet = configured_fleet(settings)
     # Unnamed, every model the tuner can time (generation models measure their dtype at
     # load instead, OCR models run float32); named, such a model is refused with the reason.
-    specs = [fleet.get(name) for name in models] or [
-        spec for spec in fleet.models.values() if spec.task in (Task.EMBED, Task.RERANK)
+    named = [fleet.get(name) for name in models] or [
+        spec for spec in fleet.models.values() if kind_of(spec.task).tunable
     ]
+    specs = [entry_as(spec, EncoderSpec) for spec in named]
     device: DeviceKind = detect_device() if settings.device == "auto" else settings.device
     fp = fingerprint(device)
     plan = plan or (QUICK if quick else Plan())

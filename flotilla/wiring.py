@@ -21,14 +21,17 @@ from fastapi import FastAPI
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import ModelNotFound
-from embedder.core.fleet import Fleet, load_fleet
+from embedder.core.fleet import Fleet
 from embedder.core.jobs import Task, split_model
-from embedder.host import ModelHost, RuntimeLoader
+from embedder.host import ModelHost
 from embedder.queue import JobPuller
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
-from embedder.tasks.embed.runtimes import load_runtime
+from embedder.tasks.embed.engine import LoadedEncoders
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.kind import Loader
 from embedder.tasks.ocr.api import OcrLimits
+from embedder.tasks.registry import encoder_loaders
 from embedder.tuned import load_tuned
 from flotilla import __version__
 from flotilla.http_server import server_config
@@ -121,13 +124,13 @@ def ocr_model(settings: Settings, fleet: Fleet) -> str | None:
     """The model that reads ingested images and PDFs: --ingest-ocr-model, else the fleet's
     first OCR model; None when the fleet has none."""
     if settings.ingest_ocr_model is None:
-        return next((n for n, s in fleet.models.items() if s.task is Task.OCR), None)
+        return next((n for n, s in fleet.models.items() if s.task == Task.OCR), None)
     try:
         spec = fleet.get(settings.ingest_ocr_model)
     except ModelNotFound:
         spec = None
-    if spec is None or spec.task is not Task.OCR:
-        readers = [n for n, s in fleet.models.items() if s.task is Task.OCR]
+    if spec is None or spec.task != Task.OCR:
+        readers = [n for n, s in fleet.models.items() if s.task == Task.OCR]
         raise SystemExit(
             f"--ingest-ocr-model {settings.ingest_ocr_model!r} (FLOTILLA_INGEST_OCR_MODEL) is "
             "not an OCR model of the fleet; its OCR models: " + (", ".join(readers) or "none")
@@ -172,21 +175,20 @@ def model_host(
     fleet: Fleet,
     queue: JobPuller,
     adapters: AdapterCatalog,
-    loader: RuntimeLoader = load_runtime,
+    loader: Loader | None = None,
     adapter_models: Collection[str] = (),
 ) -> ModelHost:
     """The fleet on this machine's device, pulling from ``queue`` once loaded."""
     return ModelHost(
         fleet,
         queue,
-        request_limits(settings),
+        options=[request_limits(settings), ocr_limits(settings)],
         device=settings.device,
         threads=settings.threads,
-        loader=loader,
+        loaders=None if loader is None else encoder_loaders(loader),
         adapters=adapters,
         tuned=load_tuned(settings.tuned_file),
         untuned=settings.untuned,
-        ocr_limits=ocr_limits(settings),
         adapter_models=adapter_models,
     )
 
@@ -210,7 +212,7 @@ def local_stack(
     *,
     models: Sequence[str] | None = None,
     serving_url: str | None = None,
-    loader: RuntimeLoader = load_runtime,
+    loader: Loader | None = None,
     with_adapters: Collection[str] = (),
 ) -> LocalStack:
     """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``).
@@ -241,7 +243,7 @@ def local_stack(
 def chunking(settings: Settings, host: ModelHost) -> Chunking:
     """Passages counted with each loaded model's own tokenizer and document prompt."""
     return Chunking(
-        model_windows(host.loaded),
+        model_windows(LoadedEncoders(host.engines)),
         enabled=settings.chunking,
         max_tokens=settings.chunk_max_tokens,
         overlap_tokens=settings.chunk_overlap_tokens,
@@ -273,7 +275,7 @@ async def running_stack(
         async with stack.host:
             if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
                 raise Stopped
-            if not stack.host.loaded:
+            if not stack.host.served:
                 raise SystemExit(f"no model could be loaded: {stack.host.failed}")
             yield stack
 

@@ -14,9 +14,11 @@ that ingests the topic.
 
 from __future__ import annotations
 
-from embedder.host import ModelHost, RuntimeLoader
+from embedder.host import ModelHost
 from embedder.queue import JobPuller
 from embedder.queue.relay import Relay
+from embedder.tasks.embed.engine import LoadedEncoders
+from embedder.tasks.kind import Loader
 from flotilla import wiring
 from flotilla.settings import Settings
 from ingest.supervisor import IngestSupervisor
@@ -27,14 +29,14 @@ class WorkerIngest:
     loaded, ``shared`` started) relays and ingests, ``stop`` at a stop signal, ``close``
     once the model host has stopped."""
 
-    def __init__(self, settings: Settings, shared: JobPuller, loader: RuntimeLoader) -> None:
+    def __init__(self, settings: Settings, shared: JobPuller, loader: Loader | None) -> None:
         self.settings = settings
         self.stack = wiring.local_stack(settings, loader=loader)
         ingest = wiring.kafka_ingest(settings, self.stack.core)
         if ingest is None:
             raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
         self.ingest: IngestSupervisor = ingest
-        loaded = self.stack.host.loaded
+        loaded = LoadedEncoders(self.stack.host.engines)
         self.relay = Relay(
             shared,
             self.stack.queue,

@@ -13,8 +13,9 @@ import msgspec
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import TaskNotSupported
 from embedder.core.fleet import Fleet, ModelSpec
-from embedder.core.jobs import TASK_OF_SHAPE, ApiShape, Job, Task, split_model
+from embedder.core.jobs import Job, split_model
 from embedder.core.rawjson import decode_struct, estimate_tokens
+from embedder.tasks.registry import kind_of, kind_of_shape
 
 
 class _Routing(msgspec.Struct):
@@ -22,12 +23,14 @@ class _Routing(msgspec.Struct):
     adapter: str | None = None
 
 
-def model_for(fleet: Fleet, name: str | None, task: Task, doing: str) -> ModelSpec:
-    """The named model (else the fleet's first for ``task``), refused unless its task is
-    ``task``; ``doing`` names the work in the message ("generate text")."""
+def model_for(fleet: Fleet, name: str | None, task: str, doing: str) -> ModelSpec:
+    """The named model (else the fleet's first that answers ``task``), refused unless its
+    kind answers ``task`` (a rerank takes an embedding model too); ``doing`` names the
+    work in the message ("generate text")."""
+    answering = kind_of(task).answering
     spec = default_model(fleet, task) if name is None else fleet.get(name)
-    if spec.task is not task:
-        names = [n for n, s in fleet.models.items() if s.task is task]
+    if spec.task not in answering:
+        names = [n for n, s in fleet.models.items() if s.task in answering]
         raise TaskNotSupported(
             f"model {spec.name!r} is a {spec.task} model and cannot {doing}; "
             + (f"models that can: {', '.join(names)}" if names else "the fleet has none")
@@ -43,33 +46,20 @@ def routing_fields(body: bytes) -> tuple[str | None, str | None]:
     return model or None, adapter or None
 
 
-def default_model(fleet: Fleet, task: Task) -> ModelSpec:
-    """Routes without a model field (TEI) use the first model of the fleet for the task;
-    reranking falls back to an embedding model, which scores by cosine similarity."""
-    for spec in fleet.models.values():
-        if spec.task is task:
-            return spec
+def default_model(fleet: Fleet, task: str) -> ModelSpec:
+    """Routes without a model field (TEI) use the fleet's first model of the first kind
+    that answers ``task`` (reranking falls back to an embedding model, which scores by
+    cosine similarity), else the fleet's first."""
+    for answering in kind_of(task).answering:
+        for spec in fleet.models.values():
+            if spec.task == answering:
+                return spec
     return fleet.get(fleet.default_model)
-
-
-def resolve_model(fleet: Fleet, name: str | None, task: Task) -> ModelSpec:
-    spec = default_model(fleet, task) if name is None else fleet.get(name)
-    if task is Task.RERANK and spec.task not in (Task.EMBED, Task.RERANK):
-        raise TaskNotSupported(
-            f"model {spec.name!r} is a {spec.task} model and cannot rerank; reranking models: "
-            + ", ".join(n for n, s in fleet.models.items() if s.task in (Task.EMBED, Task.RERANK))
-        )
-    if task is Task.EMBED and spec.task is not Task.EMBED:
-        raise TaskNotSupported(
-            f"model {spec.name!r} is a {spec.task} model and cannot embed; embedding models: "
-            + ", ".join(n for n, s in fleet.models.items() if s.task is Task.EMBED)
-        )
-    return spec
 
 
 def annotate(
     body: bytes,
-    shape: ApiShape,
+    shape: str,
     fleet: Fleet,
     *,
     now: float,
@@ -79,13 +69,15 @@ def annotate(
     adapters: AdapterCatalog | None = None,
 ) -> Job:
     name, adapter = routing_fields(body)
-    spec = resolve_model(fleet, name, TASK_OF_SHAPE[shape])
+    kind = kind_of_shape(shape)
+    spec = model_for(fleet, name, kind.name, kind.name)
     if adapter is not None:
         (adapters or AdapterCatalog(fleet)).find(spec.name, adapter)  # 404 names the known ones
     return Job.new(
         spec.name,
         shape,
         body,
+        task=kind.name,
         now=now,
         timeout_s=timeout_s,
         bytes_per_token=bytes_per_token,

@@ -13,8 +13,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.fleet import Fleet
-from embedder.core.jobs import TASK_OF_SHAPE, ApiShape, ModelStates, Task
+from embedder.core.jobs import ApiShape, ModelStates, Task
 from embedder.queue import JobSubmitter
+from embedder.tasks.registry import routes
 from gateway import handlers, metrics
 from gateway.answers import IngestReadiness, Readiness
 from gateway.config import GatewayConfig
@@ -29,26 +30,19 @@ from ingest.health import IngestHealth
 from ingest.pipeline import IngestCore
 from ingest.store import VectorStore
 
-ROUTES: dict[str, ApiShape] = {
-    # TEI answers at its root; huggingface_hub posts feature_extraction and
-    # sentence_similarity there
-    "/": ApiShape.TEI_ROOT,
-    "/v1/embeddings": ApiShape.OPENAI_EMBEDDINGS,
-    "/embed": ApiShape.TEI_EMBED,
-    "/similarity": ApiShape.TEI_SIMILARITY,
-    "/rerank": ApiShape.TEI_RERANK,
-    "/v1/rerank": ApiShape.COHERE_RERANK,
-    "/v2/embed": ApiShape.COHERE_EMBED_V2,
-    "/v2/rerank": ApiShape.COHERE_RERANK_V2,
-    "/v1/chat/completions": ApiShape.OPENAI_CHAT,
-    "/v1/completions": ApiShape.OPENAI_COMPLETIONS,
-    "/v1/ocr": ApiShape.MISTRAL_OCR,
+# The routes whose task annotates its own way; every other kind's routes are ShapeRoutes.
+ROUTE_OF_TASK: dict[str, Callable[[str], ShapeRoute | GenerateRoute | OcrRoute]] = {
+    Task.GENERATE.value: GenerateRoute,
+    Task.OCR.value: OcrRoute,
 }
-# The routes whose task annotates its own way; every other shape is a ShapeRoute.
-ROUTE_OF_TASK: dict[Task, Callable[[ApiShape], ShapeRoute | GenerateRoute | OcrRoute]] = {
-    Task.GENERATE: GenerateRoute,
-    Task.OCR: OcrRoute,
-}
+
+
+KNOWN_SHAPES = frozenset(ApiShape)
+
+
+def body_routes() -> dict[str, str]:
+    """Every task kind's routes (embedder.tasks.registry): path -> API shape."""
+    return {path: shape for path, (_, shape) in routes().items()}
 
 
 def create_app(
@@ -69,19 +63,20 @@ def create_app(
     handlers.install(app)
     docs = ApiDocs()
 
-    def handler(shape: ApiShape) -> Callable[[Request], Awaitable[Response]]:
-        route = ROUTE_OF_TASK.get(TASK_OF_SHAPE[shape], ShapeRoute)(shape)
+    def handler(task: str, shape: str) -> Callable[[Request], Awaitable[Response]]:
+        route = ROUTE_OF_TASK.get(task, ShapeRoute)(shape)
 
         async def handle(request: Request) -> Response:
             return await gateway.handle(request, route)
 
-        handle.__name__ = shape.value
+        handle.__name__ = str(shape)
         return handle
 
-    for path, shape in ROUTES.items():
+    for path, (kind, shape) in routes().items():
+        documented = DOCUMENTED.get(ApiShape(shape)) if shape in KNOWN_SHAPES else None
         app.add_api_route(
-            path, handler(shape), methods=["POST"], response_class=Response,
-            **docs.route(path, DOCUMENTED[shape]),
+            path, handler(kind.name, shape), methods=["POST"], response_class=Response,
+            **(docs.route(path, documented) if documented is not None else {}),
         )  # fmt: skip
 
     if store is not None:
@@ -109,7 +104,7 @@ def create_app(
                 {
                     "id": name,
                     **common,
-                    "task": spec.task.value,
+                    "task": spec.task,
                     "aliases": list(spec.aliases),
                     "state": state,
                     **states.describe(name),
@@ -117,7 +112,7 @@ def create_app(
             )
             data += [
                 {"id": f"{name}:{adapter}", **common, "parent": name, "root": name,
-                 "task": spec.task.value, "state": state, "adapter": adapter}
+                 "task": spec.task, "state": state, "adapter": adapter}
                 for adapter in sorted(catalog.names(name))
             ]  # fmt: skip
         return {"object": "list", "data": data}

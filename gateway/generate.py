@@ -23,11 +23,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from embedder.core.errors import DeadlineExceeded, FlotillaError, InvalidRequest
-from embedder.core.fleet import Fleet
-from embedder.core.jobs import ApiShape, Job, JobResult, Task, split_model
+from embedder.core.fleet import Fleet, entry_as
+from embedder.core.jobs import Job, JobResult, Task, split_model
 from embedder.core.rawjson import decode_struct, estimate_tokens
 from embedder.queue import JobSubmitter, Partial, ReplyStream, StreamingSubmitter
 from embedder.tasks.generate.requests import Routing, check_n, max_new_tokens
+from embedder.tasks.generate.spec import GenerateSpec
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.annotate import model_for
@@ -53,7 +54,7 @@ class Gateway(Protocol):
 class GenerateRoute:
     """/v1/chat/completions and /v1/completions: a job sized for the KV cache."""
 
-    def __init__(self, shape: ApiShape) -> None:
+    def __init__(self, shape: str) -> None:
         self.shape = shape
         self._streams: set[str] = set()  # job ids whose client asked for a stream
 
@@ -68,7 +69,7 @@ class GenerateRoute:
             )
         bytes_per_token = gateway.config.bytes_per_token
         prompt = estimate_tokens(body, bytes_per_token, spec.max_tokens)
-        new = max_new_tokens(fields) or spec.max_new_tokens
+        new = max_new_tokens(fields) or entry_as(spec, GenerateSpec).max_new_tokens
         job = Job.new(
             spec.name,
             self.shape,

@@ -21,7 +21,7 @@ from gateway.generate import Gateway
 
 
 class OcrRoute:
-    def __init__(self, shape: ApiShape = ApiShape.MISTRAL_OCR) -> None:
+    def __init__(self, shape: str = ApiShape.MISTRAL_OCR) -> None:
         self.shape = shape
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:

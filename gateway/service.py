@@ -25,7 +25,7 @@ from embedder.core.errors import (
     Unauthorized,
 )
 from embedder.core.fleet import Fleet
-from embedder.core.jobs import ApiShape, Job, JobResult, ModelStates
+from embedder.core.jobs import Job, JobResult, ModelStates
 from embedder.core.rawjson import check_depth
 from embedder.queue import JobSubmitter
 from gateway import metrics
@@ -66,7 +66,7 @@ class ShapeRoute:
     """A route in one API's shape (OpenAI, TEI, Cohere): the gateway only annotates the
     body, the worker decodes it and writes the response, sent as it comes."""
 
-    def __init__(self, shape: ApiShape) -> None:
+    def __init__(self, shape: str) -> None:
         self.shape = shape
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -107,7 +107,7 @@ def token_window(runtime: Runtime, prefix: str) -> TokenWindow:
     return TokenWindow(max_tokens=runtime.info.max_tokens, count=count)
 
 
-def model_windows(loaded: dict[str, LoadedModel]) -> Callable[[str], TokenWindow | None]:
+def model_windows(loaded: Mapping[str, LoadedModel]) -> Callable[[str], TokenWindow | None]:
     """Windows of the models in ``loaded`` (a ModelHost's, filled as models load) by name;
     ``model:adapter`` counts as its base model. None for a model not loaded."""
     windows: dict[str, TokenWindow] = {}

@@ -15,6 +15,7 @@ from embedder.core.errors import AdapterInvalid
 from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.core.jobs import TruncationSide
 from embedder.tasks.embed.runtimes import Encoded, RuntimeInfo
+from embedder.tasks.fleet import parse_fleet
 
 FAIL_MARKER = "FAIL-THIS-BATCH"
 
@@ -145,7 +146,7 @@ def fake_fleet(
     """A fleet of embed models whose source folder exists but holds nothing; ``fields``
     go into every spec (``**E5_PROMPTS`` gives each e5's prompts)."""
     folder = str(tmp or Path(__file__).parent)
-    return Fleet.model_validate(
+    return parse_fleet(
         {
             "models": {
                 name: {

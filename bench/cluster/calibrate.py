@@ -27,6 +27,8 @@ from typing import Any
 
 from bench import report
 from bench.cluster.cost_model import MODEL, RESULT, load_cost, padded_tokens
+from embedder.core.fleet import entry_as
+from embedder.tasks.embed.spec import EncoderSpec
 
 # Batch sizes to time, in tokens: from one short input to a full cpu batch (8192).
 TARGET_TOKENS = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
@@ -92,10 +94,10 @@ def measure(
 ) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from bench import texts
-    from embedder.core.fleet import load_fleet
     from embedder.tasks.embed.runtimes import Encoded, load_runtime
+    from embedder.tasks.fleet import load_fleet
 
-    spec = load_fleet().get(MODEL)
+    spec = entry_as(load_fleet().get(MODEL), EncoderSpec)
     if dtype is not None:  # the cpu profile says "auto", which a busy machine can mislead
         cpu = spec.profile("cpu").model_copy(update={"dtype": dtype})
         spec = spec.model_copy(update={"profiles": {**spec.profiles, "cpu": cpu}})

@@ -121,9 +121,11 @@ def gpu_like(
     """HYPOTHETICAL GPU-like numbers: ``base`` scaled, with the fleet's cuda budgets.
     Not measured: a GPU runs tokens ~100x faster, while the per-batch fixed cost
     (Python, tokenizer hand-off, kernel launches) stays of the same order."""
-    from embedder.core.fleet import load_fleet
+    from embedder.core.fleet import entry_as
+    from embedder.tasks.embed.spec import EncoderSpec
+    from embedder.tasks.fleet import load_fleet
 
-    cuda = load_fleet().get(MODEL).profile("cuda")
+    cuda = entry_as(load_fleet().get(MODEL), EncoderSpec).profile("cuda")
     return replace(
         base,
         label=f"gpu-like HYPOTHETICAL (per-token cost / {per_token_divisor:g}, fixed cost x "

@@ -52,14 +52,16 @@ from bench.cluster.processes import Children
 from bench.cluster.real_runs import measure
 from bench.cluster.real_stacks import Cluster, start_pull, start_push
 from bench.cluster.router import POLICIES
+from embedder.core.fleet import entry_as
+from embedder.tasks.embed.spec import EncoderSpec
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     started = time.perf_counter()
     fleet = load_fleet(args.fleet)
-    spec = fleet.get(fleet.default_model)
+    spec = entry_as(fleet.get(fleet.default_model), EncoderSpec)
     corpus = texts.build(args.n_texts, args.seed)
     plan = served.plan_requests(corpus, spec.name, spec.max_tokens, 4096, args.seed, "float")
     out_dir = args.out_dir or report.results_dir()

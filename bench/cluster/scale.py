@@ -181,7 +181,7 @@ async def run_side(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     started = time.perf_counter()
     spec = load_fleet().get("all-minilm-l6-v2")

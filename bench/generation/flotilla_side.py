@@ -37,7 +37,7 @@ def fleet_file(side: FlotillaSide, path: Path) -> str | None:
     if side.model is None:
         return "no --flotilla-model given (a fleet entry with task: generate)"
     from embedder.core.errors import FlotillaError
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     try:
         fleet = load_fleet(side.fleet)

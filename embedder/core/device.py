@@ -99,3 +99,10 @@ def cuda_fingerprint(index: int = 0) -> str:
 def fingerprint(device: DeviceKind) -> str:
     """The key of this machine's device of that kind."""
     return cuda_fingerprint() if device == "cuda" else cpu_fingerprint()
+
+
+def detect_device() -> DeviceKind:
+    """CUDA when torch sees a GPU; imports torch, so only workers call it."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

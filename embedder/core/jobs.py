@@ -87,19 +87,20 @@ class Job:
 
     id: str
     model: str
-    shape: ApiShape
+    shape: str  # the API shape of the body (ApiShape for the built-in kinds)
     body: bytes
     est_tokens: int
     deadline: float
     enqueued_at: float
     adapter: str | None = None
     priority: int = 0  # lower runs first among jobs with the same deadline
+    task: str = ""  # the task kind that answers it (embedder.tasks.registry)
 
     @classmethod
     def new(
         cls,
         model: str,
-        shape: ApiShape,
+        shape: str,
         body: bytes,
         *,
         now: float,
@@ -108,6 +109,7 @@ class Job:
         priority: int = 0,
         adapter: str | None = None,
         est_tokens: int | None = None,
+        task: str = "",
     ) -> Job:
         """A fresh job, its size estimated from the body without parsing it (unless the
         caller estimated better: ``embedder.core.rawjson.estimate_tokens``)."""
@@ -121,14 +123,15 @@ class Job:
             enqueued_at=now,
             adapter=adapter,
             priority=priority,
+            task=task,
         )
 
-    @property
-    def task(self) -> Task:
-        return TASK_OF_SHAPE[self.shape]
+    def __post_init__(self) -> None:
+        if not self.task:  # a built-in shape's kind; a kind of another shape names itself
+            object.__setattr__(self, "task", TASK_OF_SHAPE[ApiShape(self.shape)].value)
 
     @property
-    def group(self) -> tuple[str, str | None, Task]:
+    def group(self) -> tuple[str, str | None, str]:
         """Jobs of one group can share a forward pass."""
         return (self.model, self.adapter, self.task)
 

@@ -6,7 +6,8 @@ can admit them."""
 from __future__ import annotations
 
 from embedder.core.device import usable_cores
-from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind
+from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tuned import ProfileChoice
 from embedder.tuning.candidates import QUICK
 from embedder.tuning.corpus import english_sections, mixed_lengths, paragraphs_of
@@ -15,7 +16,7 @@ from embedder.tuning.search import Loader, Search
 
 
 def quick_choice(
-    spec: ModelSpec, device: DeviceKind, loader: Loader, threads: int, fingerprint: str
+    spec: EncoderSpec, device: DeviceKind, loader: Loader, threads: int, fingerprint: str
 ) -> ProfileChoice:
     texts = mixed_lengths(paragraphs_of(english_sections()), QUICK.texts)
     workload = Workload(texts, spec.prompt_prefix(use="document"))

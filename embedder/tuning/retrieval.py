@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.core.fleet import ModelSpec
 from embedder.tasks.embed.runtimes import Encoded, Runtime
+from embedder.tasks.embed.spec import EncoderSpec
 
 Run = Mapping[str, Sequence[str]]
 Qrels = Mapping[str, Mapping[str, int]]
@@ -39,7 +39,7 @@ def embed(runtime: Runtime, texts: Sequence[str], prefix: str) -> NDArray[np.flo
     return unit
 
 
-def ndcg(runtime: Runtime, spec: ModelSpec, labelled: LabelledSet, k: int = 10) -> float:
+def ndcg(runtime: Runtime, spec: EncoderSpec, labelled: LabelledSet, k: int = 10) -> float:
     """The metric of this runtime's ranking, with the model's query and document prompts."""
     qids, dids = list(labelled.queries), list(labelled.corpus)
     q = embed(runtime, [labelled.queries[i] for i in qids], spec.prompt_prefix(use="query"))

@@ -21,9 +21,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from embedder.core.errors import FlotillaError
-from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind
 from embedder.core.jobs import Task
 from embedder.tasks.embed.runtimes import Runtime, worst_cosine
+from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tuning.candidates import Candidate, Plan, precisions, thread_counts
 from embedder.tuning.guard import Verdict, judge, needs_retrieval_check
 from embedder.tuning.measure import Workload, batches, timed_pass
@@ -31,7 +32,7 @@ from embedder.tuning.retrieval import LabelledSet, ndcg
 
 log = logging.getLogger(__name__)
 
-Loader = Callable[[ModelSpec, DeviceKind, int], Runtime]
+Loader = Callable[[EncoderSpec, DeviceKind, int], Runtime]
 REFERENCE = ("torch", "float32")
 
 
@@ -87,7 +88,7 @@ class Outcome:
 class Search:
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: EncoderSpec,
         device: DeviceKind,
         loader: Loader,
         workload: Workload,
@@ -98,7 +99,7 @@ class Search:
         labelled: LabelledSet | None = None,
         progress: Progress | None = None,
     ) -> None:
-        if spec.task is not Task.EMBED:
+        if spec.task != Task.EMBED:
             raise TuneError(f"model {spec.name!r} is a {spec.task}: only embedders are tuned")
         self.spec, self.device, self.loader, self.workload = spec, device, loader, workload
         self.threads, self.cores, self.plan = threads, cores, plan

@@ -9,6 +9,7 @@ import pytest
 
 from bench import served
 from bench.peers.compare import Load
+from embedder.tasks.fleet import parse_fleet
 
 
 def test_the_profile_override_reaches_the_device_profile(tmp_path: Path) -> None:
@@ -24,11 +25,10 @@ def test_the_profile_override_reaches_the_device_profile(tmp_path: Path) -> None
 
 
 def test_the_served_fleet_file_leaves_the_profile_to_tuning_unless_overridden() -> None:
-    from embedder.core.fleet import Fleet
     from embedder.tuned import tunable
 
     def written(spec):  # what the server reads back from the benchmark's fleet file
-        return Fleet.model_validate(served.one_model_fleet(spec)).get(spec.name)
+        return parse_fleet(served.one_model_fleet(spec)).get(spec.name)
 
     default = served.served_spec(served.parse_args([]))
     assert tunable(written(default), "cpu") is None

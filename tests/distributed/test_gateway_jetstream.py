@@ -15,9 +15,9 @@ import httpx
 import pytest
 import yaml
 
-from embedder.core.fleet import load_fleet
 from embedder.core.jobs import ModelState
 from embedder.queue.jetstream.liveness import WorkerLiveness
+from embedder.tasks.fleet import load_fleet
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.settings import Settings
 from flotilla.transports import JetStreamTransport

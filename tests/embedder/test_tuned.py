@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from embedder.core.fleet import Fleet, FleetError, ModelSpec
+from embedder.core.fleet import FleetError, ModelSpec
+from embedder.tasks.fleet import parse_fleet
 from embedder.tuned import (
     DEFAULT_TUNED,
     Measured,
@@ -31,7 +32,7 @@ TUNED_FIELDS = {
 
 def spec(dtype: str = "auto", **fields: object) -> ModelSpec:
     profile = {"dtype": dtype, "max_wait_ms": 7, "max_batch_requests": 9, **fields}
-    fleet = Fleet.model_validate(
+    fleet = parse_fleet(
         {"models": {"m": {"source": {"path": "/tmp"}, "profiles": {"cpu": profile}}}}
     )
     return fleet.get("m")

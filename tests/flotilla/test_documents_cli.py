@@ -26,6 +26,7 @@ from embedder.core.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app
@@ -188,7 +189,13 @@ async def held_server(tmp_path: Path, max_inflight_tokens: int) -> AsyncIterator
     settings = Settings(max_inflight_tokens=max_inflight_tokens)
     fleet = fake_fleet("mini", max_tokens=512)
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=Loader(forward_gate=gate))
+    host = ModelHost(
+        fleet,
+        queue,
+        options=[RequestLimits()],
+        device="cpu",
+        loaders=encoder_loaders(Loader(forward_gate=gate)),
+    )
     store = EdgeStore(tmp_path / "data")
     core = IngestCore(
         QueueEmbedder(queue), store, record_rules(settings, fleet, AdapterCatalog(fleet))

@@ -12,8 +12,9 @@ import yaml
 from typer.testing import CliRunner
 
 from embedder.core.device import fingerprint
-from embedder.core.fleet import load_fleet
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.embed.engine import LoadedEncoders
+from embedder.tasks.fleet import load_fleet
 from embedder.tuned import load_tuned
 from flotilla.cli import app
 from flotilla.settings import Settings
@@ -70,9 +71,9 @@ async def test_tune_writes_a_profile_that_the_served_host_then_picks(
             await host.wait_ready()
     described = host.describe("tiny")["profile"]
     assert described == {"source": "tuned", "fingerprint": fp, "why": described["why"]}
-    assert host.loaded["tiny"].spec.profile("cpu").model_dump(include=set(entry.profile)) == (
-        entry.profile
-    )
+    assert LoadedEncoders(host.engines)["tiny"].spec.profile("cpu").model_dump(
+        include=set(entry.profile)
+    ) == (entry.profile)
     pinned = host.describe("pinned")["profile"]
     assert pinned["source"] == "fleet" and "pins dtype float32" in pinned["why"]  # type: ignore[index]
     assert host.describe("pinned")["dtype"] == "float32"

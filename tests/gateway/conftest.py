@@ -27,6 +27,8 @@ from embedder.host import ModelHost, RuntimeLoader
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.runtimes import Encoded
+from embedder.tasks.fleet import parse_fleet
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app
@@ -55,7 +57,7 @@ def fake_fleet_with_reranker(*embedders: str, reranker: str = "judge") -> Fleet:
         "max_tokens": FAKE_MAX_TOKENS,
         "profiles": profile,
     }
-    return Fleet.model_validate({"models": models})
+    return parse_fleet({"models": models})
 
 
 class GatedRuntime(FakeRuntime):
@@ -101,7 +103,7 @@ class Loader(FakeLoader):
         if spec.name in self.fail:
             raise OSError(f"weights of {spec.name} are corrupt")
         runtime = GatedRuntime(
-            spec, self.forward_gate, cross=spec.task is Task.RERANK, **self.kwargs
+            spec, self.forward_gate, cross=spec.task == Task.RERANK, **self.kwargs
         )
         self.runtimes[spec.name] = runtime
         return runtime
@@ -157,11 +159,13 @@ async def running_stack(
     host = ModelHost(
         fleet,
         queue,
-        RequestLimits(
-            max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
-        ),
+        options=[
+            RequestLimits(
+                max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
+            )
+        ],
         device="cpu",
-        loader=loader,
+        loaders=encoder_loaders(loader),
     )
     app = create_app(gateway_config(settings), fleet, queue, host)
     transport = httpx.ASGITransport(app=app)

@@ -19,6 +19,7 @@ from embedder.core.adapters import AdapterCatalog
 from embedder.core.fleet import Fleet
 from embedder.host import ModelHost, RuntimeLoader
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.registry import encoder_loaders
 from flotilla.http_server import server_config
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config, ocr_limits, record_rules, request_limits
@@ -63,9 +64,9 @@ def live_server(
     host = ModelHost(
         fleet,
         queue,
-        request_limits(settings),
+        options=[request_limits(settings)],
         device="cpu",
-        loader=loader or Loader(),
+        loaders=encoder_loaders(loader or Loader()),
         ocr_limits=ocr_limits(settings),
     )
 

@@ -16,6 +16,7 @@ from embedder.core.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app
@@ -53,7 +54,9 @@ async def server(tmp_path: Path) -> AsyncIterator[Server]:
     fleet = fake_fleet("mini", "other")
     queue = InProcessQueue()
     loader = FakeLoader()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=loader)
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(loader)
+    )
     store = EdgeStore(tmp_path / "data")
     core = IngestCore(
         QueueEmbedder(queue), store, record_rules(settings, fleet, AdapterCatalog(fleet))

@@ -17,6 +17,7 @@ import schemathesis
 from embedder.core.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config, record_rules, request_limits
 from gateway.app import create_app
@@ -58,7 +59,13 @@ def document() -> dict[str, Any]:
     cases are generated at collection, before any server runs."""
     fleet = fake_fleet_with_reranker("alpha", "beta")
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, request_limits(SETTINGS), device="cpu", loader=Loader())
+    host = ModelHost(
+        fleet,
+        queue,
+        options=[request_limits(SETTINGS)],
+        device="cpu",
+        loaders=encoder_loaders(Loader()),
+    )
     store = QdrantStore(location=":memory:")
     core = IngestCore(
         QueueEmbedder(queue), store, record_rules(SETTINGS, fleet, AdapterCatalog(fleet))

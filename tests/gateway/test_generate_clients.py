@@ -42,7 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]
     fleet = {
         LLM: {"source": TINY_SOURCE, "task": "generate", "max_tokens": WINDOW,
               "max_new_tokens": 8, "chat_template": TINY_TEMPLATE,
-              "profiles": {"cpu": {"dtype": "float32", "max_batch_tokens": 2048}}},
+              "profiles": {"cpu": {"dtype": "float32", "kv_tokens": 2048}}},
         EMBEDDER: {"source": {"path": str(embedder)}, "max_tokens": 64,
                    "profiles": {"cpu": {"dtype": "float32", "max_wait_ms": 2}}},
     }  # fmt: skip
@@ -76,7 +76,7 @@ def client(server: tuple[str, Any]) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def runtime(server: tuple[str, Any]) -> GenerationRuntime:
-    engine = server[1].generators[LLM]
+    engine = server[1].engines["generate"].loops[LLM]
     assert isinstance(engine.runtime, GenerationRuntime)
     return engine.runtime
 
@@ -171,7 +171,7 @@ def test_models_list_the_task(client: openai.OpenAI) -> None:
 
 def test_disconnect_mid_stream_stops_the_sequence(server: tuple[str, Any]) -> None:
     base, host = server
-    engine = host.generators[LLM]
+    engine = host.engines["generate"].loops[LLM]
     cancelled = metrics.JOBS.labels(LLM, "cancelled")
     before = cancelled._value.get()
     body = {"model": LLM, "prompt": "rent", "max_tokens": 100, "stream": True,
@@ -194,7 +194,7 @@ def test_embeddings_are_served_during_a_chat_burst(
 ) -> None:
     """One device, both models: embedding batches take turns between decode steps, so
     they finish while a burst of long streams is still generating."""
-    engine = server[1].generators[LLM]
+    engine = server[1].engines["generate"].loops[LLM]
 
     def chat() -> None:
         for _ in client.completions.create(

@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from embedder.core.fleet import Fleet
 from embedder.core.jobs import ModelState
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.fleet import parse_fleet
 from gateway.app import create_app
 from gateway.config import GatewayConfig
 
-FLEET = Fleet.model_validate(
+FLEET = parse_fleet(
     {
         "models": {
             "llm": {"source": {"path": "/nowhere"}, "task": "generate", "max_tokens": 1000,

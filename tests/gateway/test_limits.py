@@ -15,13 +15,13 @@ from embedder.core.jobs import TruncationSide
 from embedder.core.rawjson import MAX_DEPTH
 from embedder.tasks.embed.runtimes import Encoded
 from flotilla.settings import Settings
-from gateway.app import ROUTES
+from gateway.app import body_routes
 from ingest.store.qdrant import QdrantStore
 from tests.gateway import expected
 from tests.gateway.conftest import FAKE_MAX_TOKENS, Stack
 from tests.gateway.live import live_server
 
-BODY_ROUTES = list(ROUTES)
+BODY_ROUTES = list(body_routes())
 
 
 def error_of(response: httpx.Response) -> tuple[str, str]:

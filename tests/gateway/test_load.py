@@ -223,7 +223,9 @@ async def test_a_failing_batch_fails_its_requests_and_the_next_succeed(
             10,
         )
         assert [r.status_code for r in after] == [200] * len(clean)
-        assert s.host.worker is not None and all(not t.done() for t in s.host.worker._tasks)
+        assert (w := s.host.engines["encoder"].worker) is not None and all(
+            not t.done() for t in w._tasks
+        )
 
 
 async def _hold_the_worker(s: Stack) -> asyncio.Task[httpx.Response]:

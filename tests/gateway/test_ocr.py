@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from embedder.core.fleet import load_fleet
+from embedder.tasks.fleet import load_fleet
 from flotilla.settings import Settings
 from tests.embedder.tasks.ocr.samples import (
     broken_xref_pdf,

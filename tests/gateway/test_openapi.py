@@ -13,9 +13,10 @@ from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed import bodies
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
-from gateway.app import ROUTES, create_app
+from gateway.app import body_routes, create_app
 from gateway.schemas import DOCUMENTED, SEARCH
 from gateway.search import _SearchBody
 from ingest.store.qdrant import QdrantStore
@@ -41,7 +42,7 @@ def resolve(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
 async def test_every_body_route_documents_its_body_answer_and_errors(
     document: dict[str, Any],
 ) -> None:
-    for path, shape in ROUTES.items():
+    for path, shape in body_routes().items():
         post = document["paths"][path]["post"]
         body = post["requestBody"]
         assert body["required"] is True
@@ -60,7 +61,9 @@ async def test_every_body_route_documents_its_body_answer_and_errors(
 def test_the_search_route_is_documented_when_served() -> None:
     fleet = fake_fleet("mini")
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=FakeLoader())
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(FakeLoader())
+    )
     app = create_app(
         gateway_config(Settings()), fleet, queue, host, store=QdrantStore(location=":memory:")
     )
@@ -96,4 +99,4 @@ def test_documented_fields_are_the_decoded_fields(shape: ApiShape) -> None:
 
 
 def test_every_route_shape_is_documented() -> None:
-    assert set(ROUTES.values()) <= set(DOCUMENTED)
+    assert set(body_routes().values()) <= set(DOCUMENTED)

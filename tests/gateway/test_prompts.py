@@ -20,6 +20,8 @@ from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.runtimes import Runtime, load_runtime
+from embedder.tasks.fleet import parse_fleet
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app
@@ -56,7 +58,7 @@ def fleet(model_dir: Path) -> Fleet:
         "query_prompt": "query",
         "document_prompt": "passage",
     }
-    return Fleet.model_validate({"models": {E5: e5, PLAIN: spec}})
+    return parse_fleet({"models": {E5: e5, PLAIN: spec}})
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +94,9 @@ async def served(fleet: Fleet, runtimes: dict[str, Runtime]) -> AsyncIterator[Se
         return runtimes[spec.name]
 
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=loader)
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(loader)
+    )
     store = QdrantStore(location=":memory:")
     app = create_app(gateway_config(Settings()), fleet, queue, host, store=store)
     transport = httpx.ASGITransport(app=app)

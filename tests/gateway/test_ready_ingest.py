@@ -9,6 +9,7 @@ import httpx
 
 from embedder.host import ModelHost
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app
@@ -27,7 +28,9 @@ class Health:
 async def test_ready_reports_ingest_beside_the_models() -> None:
     fleet = fake_fleet_with_reranker("alpha")
     queue = RecordingQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=Loader())
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(Loader())
+    )
     health = Health()
     app = create_app(gateway_config(Settings()), fleet, queue, host, ingest_health=health)
     transport = httpx.ASGITransport(app=app)
@@ -58,7 +61,9 @@ async def test_ready_reports_ingest_beside_the_models() -> None:
 async def test_without_ingest_there_is_no_ingest_probe() -> None:
     fleet = fake_fleet_with_reranker("alpha")
     queue = RecordingQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=Loader())
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(Loader())
+    )
     app = create_app(gateway_config(Settings()), fleet, queue, host)
     transport = httpx.ASGITransport(app=app)
     async with host, httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -70,7 +75,9 @@ async def test_without_ingest_there_is_no_ingest_probe() -> None:
 async def test_the_served_openapi_describes_the_ingest_probe() -> None:
     fleet = fake_fleet_with_reranker("alpha")
     queue = RecordingQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=Loader())
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(Loader())
+    )
     app = create_app(gateway_config(Settings()), fleet, queue, host, ingest_health=Health())
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:

@@ -275,7 +275,7 @@ def test_the_bundled_gesetze_adapter_serves_what_the_merged_model_gives(
     from peft import PeftModel
     from sentence_transformers import SentenceTransformer
 
-    from embedder.core.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     folder = load_fleet().get(E5).adapters["gesetze"]
     with hub_offline():

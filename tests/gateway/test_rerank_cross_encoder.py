@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import yaml
 
-from embedder.core.fleet import Fleet, load_fleet
+from embedder.core.fleet import Fleet
 from embedder.tasks.embed.runtimes import load_runtime
+from embedder.tasks.fleet import load_fleet
 from flotilla.settings import Settings
 from tests.gateway.conftest import StackFactory, hub_offline
 

@@ -11,6 +11,7 @@ import pytest
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app
@@ -31,7 +32,9 @@ async def client() -> AsyncIterator[httpx.AsyncClient]:
     fleet = fake_fleet("mini", "other")
     queue = InProcessQueue()
     loader = FakeLoader()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=loader)
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(loader)
+    )
     store = QdrantStore(location=":memory:")
     app = create_app(gateway_config(Settings()), fleet, queue, host, store=store)
     async with host:

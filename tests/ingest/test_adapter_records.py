@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from embedder.core.adapters import AdapterCatalog
-from embedder.core.fleet import Fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.fleet import parse_fleet
+from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import record_rules
 from ingest.embedding import QueueEmbedder
@@ -35,11 +36,18 @@ def legal_adapter(folder: Path) -> Path:
 async def test_records_naming_an_adapter_are_embedded_with_it(tmp_path: Path) -> None:
     raw = fake_fleet("mini", max_tokens=16).model_dump(mode="json")
     raw["models"]["mini"]["adapters"] = {"legal": str(legal_adapter(tmp_path / "legal"))}
-    fleet = Fleet.model_validate(raw)
+    fleet = parse_fleet(raw)
     catalog = AdapterCatalog(fleet)
     queue = InProcessQueue()
     loader = FakeLoader()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=loader, adapters=catalog)
+    host = ModelHost(
+        fleet,
+        queue,
+        options=[RequestLimits()],
+        device="cpu",
+        loaders=encoder_loaders(loader),
+        adapters=catalog,
+    )
     store = QdrantStore(location=":memory:")
     rules = record_rules(Settings(collection="laws"), fleet, catalog)
     core = IngestCore(QueueEmbedder(queue), store, rules)

@@ -22,10 +22,10 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
-from embedder.core.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.fleet import load_fleet
 from flotilla.serve import build_app
 from flotilla.settings import Settings
 from ingest.dead_letters import ERROR_HEADER, TRUNCATED_HEADER, TRUNCATED_VALUE_BYTES, dlq_topic
@@ -75,7 +75,7 @@ async def ingesting(
     """One supervised consumer-group member, as `flotilla serve` runs it."""
     fleet = load_fleet(fleet_path)
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", threads=1)
+    host = ModelHost(fleet, queue, options=[RequestLimits()], device="cpu", threads=1)
     rules = RecordRules(
         COLLECTION, "tiny", MAX_TEXT_BYTES, lambda n: n if n in fleet.models else None
     )

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedder.core.fleet import Fleet, load_fleet
+from embedder.core.fleet import Fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.runtimes import load_runtime
+from embedder.tasks.fleet import load_fleet
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import ERROR_HEADER, KafkaSource, dlq_topic
 from ingest.pipeline import Backoff, IngestCore
@@ -73,7 +74,7 @@ async def members(
     """``count`` consumer-group members sharing one model host, queue and store."""
     fleet = load_fleet(fleet_path)
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", threads=2)
+    host = ModelHost(fleet, queue, options=[RequestLimits()], device="cpu", threads=2)
     rules = RecordRules(COLLECTION, "tiny", 10_000, lambda n: n if n in fleet.models else None)
     async with host:
         await host.wait_ready()

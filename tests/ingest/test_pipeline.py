@@ -14,6 +14,8 @@ import pytest
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.embed.engine import LoadedEncoders
+from embedder.tasks.registry import encoder_loaders
 from ingest.chunking import Chunking
 from ingest.embedding import QueueEmbedder, model_windows
 from ingest.pipeline import Backoff, IngestCore, RawRecord
@@ -64,7 +66,9 @@ async def make_stack(store: QdrantStore, *, chunking: bool = True) -> AsyncItera
     fleet = fake_fleet("mini", "other", max_tokens=16)
     queue = InProcessQueue()
     loader = FakeLoader()
-    host = ModelHost(fleet, queue, RequestLimits(), device="cpu", loader=loader)
+    host = ModelHost(
+        fleet, queue, options=[RequestLimits()], device="cpu", loaders=encoder_loaders(loader)
+    )
     rules = RecordRules(
         default_collection="main",
         default_model="mini",
@@ -76,7 +80,7 @@ async def make_stack(store: QdrantStore, *, chunking: bool = True) -> AsyncItera
         store,
         rules,
         backoff=Backoff(first_s=0.01, deadline_s=5),
-        chunking=Chunking(model_windows(host.loaded), enabled=chunking),
+        chunking=Chunking(model_windows(LoadedEncoders(host.engines)), enabled=chunking),
     )
     async with host:
         await host.wait_ready()

@@ -23,6 +23,7 @@ ID = "flotilla-id"  # the correlation id: the job's id, on the request and its r
 MODEL = "flotilla-model"
 ADAPTER = "flotilla-adapter"
 SHAPE = "flotilla-shape"
+TASK = "flotilla-task"
 EST_TOKENS = "flotilla-est-tokens"
 DEADLINE = "flotilla-deadline"
 ENQUEUED_AT = "flotilla-enqueued-at"
@@ -54,13 +55,19 @@ def _text(value: str | int | float) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
+def _shape(value: str) -> str:
+    """A built-in shape as its ApiShape member (codecs dispatch on those), another as is."""
+    return ApiShape(value) if value in ApiShape._value2member_map_ else value
+
+
 def encode_job(job: Job, reply_to: str) -> Headers:
     """The headers of a job's message; the payload is ``job.body`` itself."""
     headers = {
         MSG_ID: job.id,
         ID: job.id,
         MODEL: job.model,
-        SHAPE: job.shape.value,
+        SHAPE: str(job.shape),
+        TASK: job.task,
         EST_TOKENS: _text(job.est_tokens),
         DEADLINE: _text(job.deadline),
         ENQUEUED_AT: _text(job.enqueued_at),
@@ -79,7 +86,8 @@ def decode_job(headers: Headers | None, payload: bytes | None) -> tuple[Job, str
         job = Job(
             id=fields[ID],
             model=fields[MODEL],
-            shape=ApiShape(fields[SHAPE]),
+            shape=_shape(fields[SHAPE]),
+            task=fields.get(TASK, ""),
             body=payload or b"",
             est_tokens=int(fields[EST_TOKENS]),
             deadline=float(fields[DEADLINE]),

@@ -21,21 +21,21 @@ from numpy.typing import NDArray
 
 from embedder.core.adapters import AdapterCatalog, ResidentAdapters
 from embedder.core.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
-from embedder.core.fleet import ModelSpec
-from embedder.core.jobs import Job, JobResult, Task, Timings, TruncationSide
+from embedder.core.jobs import ApiShape, Job, JobResult, Task, Timings, TruncationSide
 from embedder.queue import Outcome
 from embedder.tasks.embed.batching import BatchLimits
 from embedder.tasks.embed.codecs import EmbedRequest, RequestLimits, RerankRequest, shape_vectors
 from embedder.tasks.embed.cohere_v2 import check_window
 from embedder.tasks.embed.runtimes import Encoded, Runtime
 from embedder.tasks.embed.shapes import decode_embed, decode_rerank, encode_embed, encode_rerank
+from embedder.tasks.embed.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
-    spec: ModelSpec
+    spec: EncoderSpec
     runtime: Runtime
     limits: BatchLimits
     catalog: AdapterCatalog | None = None  # None: this model serves no adapters
@@ -83,8 +83,8 @@ def _prepare(
     runtime = model.runtime
     spec = model.spec
     max_tokens = runtime.info.max_tokens
-    if job.task is Task.EMBED:
-        request = decode_embed(job.shape, job.body, limits)
+    if job.task == Task.EMBED:
+        request = decode_embed(ApiShape(job.shape), job.body, limits)
         check_window(request, max_tokens)
         side = request.side
         texts = _cut(request.texts, side, max_tokens) if request.truncate else request.texts
@@ -93,7 +93,7 @@ def _prepare(
         encoded = runtime.tokenize(texts, side, prefix=prefix)
         _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
-    rerank = decode_rerank(job.shape, job.body, limits)
+    rerank = decode_rerank(ApiShape(job.shape), job.body, limits)
     check_window(rerank, max_tokens)
     side = rerank.side
     query, docs = rerank.query, rerank.documents  # the request keeps them whole (return_text)
@@ -234,12 +234,12 @@ def finish_batch(forwarded: Forwarded, model: LoadedModel, now: float) -> BatchR
             if isinstance(request, EmbedRequest):
                 vectors = shape_vectors(rows, request, model.spec.normalize)
                 body = encode_embed(
-                    job.shape, request, vectors, model.spec.name, encoded.tokens, job.id
+                    ApiShape(job.shape), request, vectors, model.spec.name, encoded.tokens, job.id
                 )
             else:
                 scores = _scores(model, rows, request)
                 body = encode_rerank(
-                    job.shape, request, scores, model.spec.name, encoded.tokens, job.id
+                    ApiShape(job.shape), request, scores, model.spec.name, encoded.tokens, job.id
                 )
         except FlotillaError as exc:
             outcomes.append((job, exc))

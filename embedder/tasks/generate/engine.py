@@ -37,8 +37,7 @@ from embedder.core.errors import (
     InferenceFailed,
     TaskNotSupported,
 )
-from embedder.core.fleet import ModelSpec
-from embedder.core.jobs import Job, JobResult, Timings
+from embedder.core.jobs import ApiShape, Job, JobResult, Timings
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue import JobPuller, Partial, StreamingPuller
 from embedder.serving import metrics
@@ -50,6 +49,7 @@ from embedder.tasks.generate.kv import KVBatch, prefill, prefill_many, rows_of
 from embedder.tasks.generate.replies import Reply
 from embedder.tasks.generate.runtime import GenerationRuntime
 from embedder.tasks.generate.sampling import Sampler
+from embedder.tasks.generate.spec import GenerateSpec
 from embedder.tasks.generate.text import TextSoFar
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,10 @@ class GenerationLimits:
     default_new_tokens: int
 
     @classmethod
-    def of(cls, spec: ModelSpec, device: str) -> GenerationLimits:
+    def of(cls, spec: GenerateSpec, device: str) -> GenerationLimits:
         profile = spec.profile("cuda" if device.startswith("cuda") else "cpu")
         return cls(
-            kv_tokens=profile.max_batch_tokens,
+            kv_tokens=profile.kv_tokens,
             max_sequences=profile.max_batch_requests,
             prefill_chunk_tokens=profile.prefill_chunk_tokens,
             window=spec.max_tokens,
@@ -115,7 +115,7 @@ class GenerationEngine(Lifecycle):
     def __init__(
         self,
         queue: JobPuller,
-        spec: ModelSpec,
+        spec: GenerateSpec,
         runtime: GenerationRuntime,
         turns: DeviceTurns,
         *,
@@ -230,15 +230,12 @@ class GenerationEngine(Lifecycle):
     async def _drop_departed(self) -> None:
         """Sequences nobody waits for (the client left) or past their deadline stop now."""
         live = self.active
-        kept = {
-            job.id
-            for job in await settle_departed(
-                self.queue, self.name, (s.job for s in live), self.clock()
-            )
-        }
+        now = self.clock()
+        still = await settle_departed(self.queue, self.name, (s.job for s in live), now)
+        kept = {job.id for job in still}
         for s in live:
             if s.job.id not in kept:
-                s.finish = "departed"
+                s.finish = "expired" if s.job.deadline <= now else "cancelled"
         self._leave()
 
     def _leave(self) -> None:
@@ -257,7 +254,7 @@ class GenerationEngine(Lifecycle):
     def _prepare(self, job: Job) -> Sequence | FlotillaError:
         """Decode and tokenize a job; its own bad input fails it alone."""
         try:
-            request = requests.decode(job.shape, job.body)
+            request = requests.decode(ApiShape(job.shape), job.body)
             runtime = self.runtime
             if request.kind == "chat":
                 if runtime.chat_template is None:

@@ -19,8 +19,9 @@ from typing import Any, Literal
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind
 from embedder.tasks.generate.kv import KVBatch, prefill_many
+from embedder.tasks.generate.spec import GenerateSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class GeneratorInfo:
 
 
 class GenerationRuntime:
-    def __init__(self, spec: ModelSpec, model: Any, tokenizer: Any, dtype: str) -> None:
+    def __init__(self, spec: GenerateSpec, model: Any, tokenizer: Any, dtype: str) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.chat_template: str | None = spec.chat_template or tokenizer.chat_template
@@ -93,7 +94,7 @@ class GenerationRuntime:
         return text
 
 
-def _load_model(spec: ModelSpec, dtype: torch.dtype, device: DeviceKind) -> tuple[Any, Any]:
+def _load_model(spec: GenerateSpec, dtype: torch.dtype, device: DeviceKind) -> tuple[Any, Any]:
     folder = spec.source.resolve()
     kwargs: dict[str, Any] = {"gguf_file": spec.source.file} if spec.source.file else {}
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
@@ -119,7 +120,9 @@ def _greedy_and_time(
     return out, (time.perf_counter() - start) / max(1, steps - 1)
 
 
-def _auto_dtype(spec: ModelSpec, model: Any, tokenizer: Any, device: DeviceKind) -> tuple[Any, str]:
+def _auto_dtype(
+    spec: GenerateSpec, model: Any, tokenizer: Any, device: DeviceKind
+) -> tuple[Any, str]:
     if device == "cuda":
         return model.to(torch.bfloat16), "bfloat16"
     prompts = [tokenizer(text)["input_ids"] for text in _CALIBRATION]
@@ -149,7 +152,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
-def load(spec: ModelSpec, device: DeviceKind, threads: int) -> GenerationRuntime:
+def load(spec: GenerateSpec, device: DeviceKind, threads: int) -> GenerationRuntime:
     if threads:
         torch.set_num_threads(threads)
     asked = spec.profile(device).dtype

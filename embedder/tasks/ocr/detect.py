@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.core.fleet import OcrParts
+from embedder.tasks.ocr.spec import OcrParts
 
 Quad = NDArray[np.float32]  # (4, 2): top-left, top-right, bottom-right, bottom-left
 MIN_SIDE = 3  # pixels; thinner regions are noise

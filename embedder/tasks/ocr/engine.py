@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from embedder.core.errors import DeadlineExceeded, FlotillaError, InferenceFailed
-from embedder.core.fleet import DeviceKind, ModelSpec, OcrParts
+from embedder.core.fleet import DeviceKind
 from embedder.core.jobs import Job, JobResult, Timings
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue import JobPuller
@@ -40,6 +40,7 @@ from embedder.tasks.ocr.batching import detection_batches, recognition_batches
 from embedder.tasks.ocr.documents import Page, PageImage, PageLayer, read_document
 from embedder.tasks.ocr.layout import reading_order
 from embedder.tasks.ocr.runtime import OcrRuntime
+from embedder.tasks.ocr.spec import OcrParts, OcrSpec
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class OcrEngine(Lifecycle):
     def __init__(
         self,
         queue: JobPuller,
-        spec: ModelSpec,
+        spec: OcrSpec,
         runtime: OcrRuntime,
         turns: DeviceTurns,
         limits: OcrLimits,

@@ -16,14 +16,15 @@ import numpy as np
 import onnxruntime as ort
 from numpy.typing import NDArray
 
-from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind
 from embedder.tasks.ocr.runtime import OcrInfo
+from embedder.tasks.ocr.spec import OcrSpec
 
 log = logging.getLogger(__name__)
 
 
 class OnnxOcr:
-    def __init__(self, spec: ModelSpec, device: DeviceKind, threads: int) -> None:
+    def __init__(self, spec: OcrSpec, device: DeviceKind, threads: int) -> None:
         assert spec.ocr is not None and spec.source.file is not None  # the spec checks it
         dtype = spec.profile(device).dtype
         if dtype not in ("auto", "float32"):
@@ -72,7 +73,7 @@ class OnnxOcr:
         return probabilities
 
 
-def _characters(spec: ModelSpec, folder: Path, session: ort.InferenceSession) -> list[str]:
+def _characters(spec: OcrSpec, folder: Path, session: ort.InferenceSession) -> list[str]:
     assert spec.ocr is not None
     if spec.ocr.characters is not None:
         text = (folder / spec.ocr.characters).read_text(encoding="utf-8")
@@ -98,7 +99,7 @@ def _characters(spec: ModelSpec, folder: Path, session: ort.InferenceSession) ->
     return characters
 
 
-def load(spec: ModelSpec, device: DeviceKind, threads: int) -> OnnxOcr:
+def load(spec: OcrSpec, device: DeviceKind, threads: int) -> OnnxOcr:
     runtime = OnnxOcr(spec, device, threads)
     log.info("%s: %s", spec.name, runtime.info)
     return runtime

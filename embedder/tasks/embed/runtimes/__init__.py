@@ -12,8 +12,9 @@ from typing import Literal, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.core.fleet import DeviceKind, ModelSpec, Precision
+from embedder.core.fleet import DeviceKind, Precision
 from embedder.core.jobs import TruncationSide
+from embedder.tasks.embed.spec import EncoderSpec
 
 # Every precision below fp32 keeps the worst cosine of its vectors to fp32's at least this
 # high (on calibration texts): `dtype: auto` at load and the tuner refuse what falls below.
@@ -90,7 +91,7 @@ class Runtime(Protocol):
     def unload_adapter(self, name: str) -> None: ...
 
 
-RuntimeFactory = Callable[[ModelSpec, DeviceKind, int], Runtime]
+RuntimeFactory = Callable[[EncoderSpec, DeviceKind, int], Runtime]
 
 # name -> "module:function"; imported lazily so the registry itself stays torch-free.
 RUNTIMES: dict[str, str] = {
@@ -115,7 +116,7 @@ PRECISIONS: dict[str, dict[DeviceKind, tuple[Precision, ...]]] = {
 }
 
 
-def load_runtime(spec: ModelSpec, device: DeviceKind, threads: int) -> Runtime:
+def load_runtime(spec: EncoderSpec, device: DeviceKind, threads: int) -> Runtime:
     name = spec.profile(device).runtime
     try:
         target = RUNTIMES[name]
@@ -126,10 +127,3 @@ def load_runtime(spec: ModelSpec, device: DeviceKind, threads: int) -> Runtime:
     module_name, _, attr = target.partition(":")
     factory: RuntimeFactory = getattr(importlib.import_module(module_name), attr)
     return factory(spec, device, threads)
-
-
-def detect_device() -> DeviceKind:
-    """CUDA when torch sees a GPU; imports torch, so only workers call it."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -37,12 +37,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from embedder.core.errors import AdapterInvalid
-from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind
 from embedder.core.jobs import Task
 from embedder.tasks.embed.batching import micro_batches
 from embedder.tasks.embed.runtimes import Encoded, RuntimeInfo
 from embedder.tasks.embed.runtimes.file_tokenizer import FileTokenizer, has_file_tokenizer
 from embedder.tasks.embed.runtimes.tokenizing import Tokenizing
+from embedder.tasks.embed.spec import EncoderSpec
 
 MS_PER_1K_TOKENS_ENV = "FLOTILLA_EMULATED_MS_PER_1K_TOKENS"
 FIXED_MS_ENV = "FLOTILLA_EMULATED_FIXED_MS"
@@ -93,7 +94,7 @@ class EmulatedRuntime(Tokenizing):
 
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: EncoderSpec,
         tokenizer: object,
         *,
         dimension: int | None,
@@ -176,7 +177,7 @@ class EmulatedRuntime(Tokenizing):
         return None
 
 
-def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> EmulatedRuntime:
+def load(spec: EncoderSpec, device_kind: DeviceKind, threads: int) -> EmulatedRuntime:
     folder = spec.source.resolve()
     tokenizer: object
     if has_file_tokenizer(folder):
@@ -190,7 +191,7 @@ def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> EmulatedRunt
     return EmulatedRuntime(
         spec,
         tokenizer,
-        dimension=None if spec.task is Task.RERANK else folder_dimension(folder),
+        dimension=None if spec.task == Task.RERANK else folder_dimension(folder),
         max_tokens=min(spec.max_tokens, folder_window(folder, tokenizer)),
         forward_tokens=profile.forward_tokens,
         forward_max_sequences=profile.forward_max_sequences,

@@ -27,10 +27,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from embedder.core.fleet import ModelSpec
 from embedder.core.jobs import Task
 from embedder.importers import default_cache_dir
 from embedder.importers.cache import file_sha256, locked, write_stamped
+from embedder.tasks.embed.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -134,10 +134,10 @@ def build_cached(
     return Artifact(out, identity, meta, built=True)
 
 
-def onnx_export(spec: ModelSpec, root: Path | None = None) -> Artifact:
+def onnx_export(spec: EncoderSpec, root: Path | None = None) -> Artifact:
     """The model's ONNX graph and tokenizer, exported on first use and reused after."""
     folder = spec.source.resolve()
-    cross = spec.task is Task.RERANK
+    cross = spec.task == Task.RERANK
     identity: dict[str, object] = {
         "export": EXPORT_VERSION,
         "opset": OPSET,
@@ -150,7 +150,7 @@ def onnx_export(spec: ModelSpec, root: Path | None = None) -> Artifact:
     return build_cached("onnx", identity, lambda out: _export(spec, cross, out), root)
 
 
-def _export(spec: ModelSpec, cross: bool, out: Path) -> dict[str, object]:
+def _export(spec: EncoderSpec, cross: bool, out: Path) -> dict[str, object]:
     """Trace the model as the torch runtime loads it, with eager attention (the one form
     ONNX Runtime's attention fusion recognises), through the TorchScript exporter."""
     import torch

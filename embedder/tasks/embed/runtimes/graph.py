@@ -16,11 +16,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from embedder.core.errors import AdapterInvalid
-from embedder.core.fleet import DeviceKind, FleetError, ModelSpec, Precision
+from embedder.core.fleet import DeviceKind, FleetError, Precision
 from embedder.tasks.embed.batching import micro_batches
 from embedder.tasks.embed.runtimes import Encoded, RuntimeInfo
 from embedder.tasks.embed.runtimes.export import TOKENIZER_DIR, Artifact
 from embedder.tasks.embed.runtimes.tokenizing import Tokenizing
+from embedder.tasks.embed.spec import EncoderSpec
 
 Feeds = dict[str, NDArray[np.int64]]
 RunGraph = Callable[[Feeds], NDArray[np.float32]]
@@ -33,7 +34,7 @@ def load_tokenizer(export: Artifact) -> object:
 
 
 def chosen_precision(
-    spec: ModelSpec,
+    spec: EncoderSpec,
     device: DeviceKind,
     runtime: str,
     supported: Mapping[str, object],
@@ -52,7 +53,7 @@ def chosen_precision(
     return dtype
 
 
-def threads_for(spec: ModelSpec, device: DeviceKind, threads: int) -> int:
+def threads_for(spec: EncoderSpec, device: DeviceKind, threads: int) -> int:
     """The profile's threads, else the worker's setting; 0 leaves the library's default."""
     return spec.profile(device).threads or threads
 
@@ -60,7 +61,7 @@ def threads_for(spec: ModelSpec, device: DeviceKind, threads: int) -> int:
 class GraphRuntime(Tokenizing):
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: EncoderSpec,
         export: Artifact,
         run: RunGraph,
         *,

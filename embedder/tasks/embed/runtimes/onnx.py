@@ -24,7 +24,7 @@ import onnxruntime as ort
 from numpy.typing import NDArray
 
 from embedder.core.device import cpu_flags
-from embedder.core.fleet import DeviceKind, FleetError, ModelSpec
+from embedder.core.fleet import DeviceKind, FleetError
 from embedder.tasks.embed.runtimes.export import (
     GRAPH_FILE,
     Artifact,
@@ -33,6 +33,7 @@ from embedder.tasks.embed.runtimes.export import (
     onnx_export,
 )
 from embedder.tasks.embed.runtimes.graph import Feeds, GraphRuntime, chosen_precision, threads_for
+from embedder.tasks.embed.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ def _providers(device: DeviceKind, dtype: str) -> list[str]:
     return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
-def load(spec: ModelSpec, device: DeviceKind, threads: int) -> GraphRuntime:
+def load(spec: EncoderSpec, device: DeviceKind, threads: int) -> GraphRuntime:
     dtype = chosen_precision(spec, device, "onnx", PRECISIONS, REFUSALS)
     providers = _providers(device, dtype)
     export = onnx_export(spec)

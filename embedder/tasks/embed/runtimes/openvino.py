@@ -19,7 +19,7 @@ import numpy as np
 import openvino as ov
 from numpy.typing import NDArray
 
-from embedder.core.fleet import DeviceKind, FleetError, ModelSpec
+from embedder.core.fleet import DeviceKind, FleetError
 from embedder.tasks.embed.runtimes.export import (
     GRAPH_FILE,
     Artifact,
@@ -34,6 +34,7 @@ from embedder.tasks.embed.runtimes.graph import (
     chosen_precision,
     threads_for,
 )
+from embedder.tasks.embed.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def _not_compiled(feeds: Feeds) -> NDArray[np.float32]:
 RUNTIME_CACHE_SHAPES = 64
 
 
-def load(spec: ModelSpec, device: DeviceKind, threads: int) -> GraphRuntime:
+def load(spec: EncoderSpec, device: DeviceKind, threads: int) -> GraphRuntime:
     if device != "cpu":
         raise FleetError(
             f"model {spec.name!r}: runtime 'openvino' compiles for the CPU; on {device} use "

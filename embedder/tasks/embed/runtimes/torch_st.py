@@ -34,12 +34,13 @@ from numpy.typing import NDArray
 
 from embedder.core.device import cpu_flags
 from embedder.core.errors import AdapterInvalid
-from embedder.core.fleet import DeviceKind, FleetError, ModelSpec
+from embedder.core.fleet import DeviceKind, FleetError
 from embedder.core.jobs import Task
 from embedder.tasks.embed.batching import micro_batches
 from embedder.tasks.embed.runtimes import MIN_COSINE, PRECISIONS, Encoded, RuntimeInfo, worst_cosine
 from embedder.tasks.embed.runtimes.lora import LoraSlots
 from embedder.tasks.embed.runtimes.tokenizing import Tokenizing
+from embedder.tasks.embed.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def cpu_has_bf16() -> bool:
 class TorchRuntime(Tokenizing):
     def __init__(
         self,
-        spec: ModelSpec,
+        spec: EncoderSpec,
         module: torch.nn.Module,
         tokenizer: object,
         *,
@@ -180,7 +181,7 @@ class TorchRuntime(Tokenizing):
 
 
 def _bi_encoder(
-    spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]
+    spec: EncoderSpec, device: torch.device, model_kwargs: dict[str, object]
 ) -> tuple[torch.nn.Module, object, int, int]:
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling
@@ -202,7 +203,7 @@ def _bi_encoder(
 
 
 def _cross_encoder(
-    spec: ModelSpec, device: torch.device, model_kwargs: dict[str, object]
+    spec: EncoderSpec, device: torch.device, model_kwargs: dict[str, object]
 ) -> tuple[torch.nn.Module, object, int]:
     from sentence_transformers import CrossEncoder
 
@@ -282,7 +283,7 @@ def _choose_cpu_precision(fp32: TorchRuntime, bf16: TorchRuntime | None) -> Torc
     return candidates[choice]
 
 
-def _check_precision(spec: ModelSpec, device: torch.device, wanted: str) -> None:
+def _check_precision(spec: EncoderSpec, device: torch.device, wanted: str) -> None:
     if wanted == "int8":
         raise FleetError(
             f"model {spec.name!r}: the torch runtime has no int8 (torch's dynamic quantization "
@@ -296,7 +297,7 @@ def _check_precision(spec: ModelSpec, device: torch.device, wanted: str) -> None
         )
 
 
-def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime:
+def load(spec: EncoderSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
     profile = spec.profile(device_kind)
     threads = profile.threads or threads
@@ -314,7 +315,7 @@ def load(spec: ModelSpec, device_kind: DeviceKind, threads: int) -> TorchRuntime
             model_kwargs["attn_implementation"] = "flash_attention_2"
         else:
             model_kwargs["attn_implementation"] = "sdpa"
-    cross = spec.task is Task.RERANK
+    cross = spec.task == Task.RERANK
     if cross:
         module, tokenizer, max_tokens = _cross_encoder(spec, device, model_kwargs)
         dimension = None

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedder.core.fleet import Fleet
 from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
@@ -25,9 +24,12 @@ from embedder.serving.pulling import IDLE_POLL_S
 from embedder.tasks.embed.adaptive import Gains, WaitController, flushed_full
 from embedder.tasks.embed.batching import BatchLimits, form_batch
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.embed.execute import LoadedModel
 from embedder.tasks.embed.runtimes import Encoded
 from embedder.tasks.embed.worker import Worker
+from embedder.tasks.fleet import parse_fleet
+from embedder.tasks.registry import encoder_loaders
 from tests.embedder.tasks.embed.test_batching import job
 from tests.fakes import FakeLoader, FakeRuntime, fake_fleet
 
@@ -418,7 +420,7 @@ async def test_in_the_worker_a_lull_relaxes_the_wait_but_a_long_batch_in_flight_
 
 
 async def test_the_host_hands_the_profiles_latency_target_to_the_worker() -> None:
-    fleet = Fleet.model_validate(
+    fleet = parse_fleet(
         {
             "models": {
                 "alpha": {
@@ -428,10 +430,17 @@ async def test_the_host_hands_the_profiles_latency_target_to_the_worker() -> Non
             }
         }
     )
-    host = ModelHost(fleet, InProcessQueue(), RequestLimits(), device="cpu", loader=FakeLoader())
+    host = ModelHost(
+        fleet,
+        InProcessQueue(),
+        options=[RequestLimits()],
+        device="cpu",
+        loaders=encoder_loaders(FakeLoader()),
+    )
     async with host:
         await asyncio.wait_for(host.wait_ready(), WAIT_S)
-        assert host.loaded["alpha"].limits.latency_target_s == pytest.approx(0.025)
-        assert host.loaded["alpha"].limits.max_wait_s == pytest.approx(0.004)
-        assert host.worker is not None
-        assert host.worker.limits["alpha"].max_wait_s == 0.0  # a fresh controller: no wait yet
+        assert LoadedEncoders(host.engines)["alpha"].limits.latency_target_s == pytest.approx(0.025)
+        assert LoadedEncoders(host.engines)["alpha"].limits.max_wait_s == pytest.approx(0.004)
+        worker = host.engines["encoder"].worker
+        assert worker is not None
+        assert worker.limits["alpha"].max_wait_s == 0.0  # a fresh controller: no wait yet

@@ -30,9 +30,11 @@ from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.batching import BatchLimits
 from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.embed.execute import LoadedModel
 from embedder.tasks.embed.runtimes import Encoded
 from embedder.tasks.embed.worker import Worker
+from embedder.tasks.registry import encoder_loaders
 from tests.fakes import FAIL_MARKER, FakeLoader, FakeRuntime, fake_fleet
 
 OPENAI = ApiShape.OPENAI_EMBEDDINGS
@@ -488,7 +490,11 @@ async def test_host_reports_loading_until_its_models_are_ready() -> None:
 
     queue = InProcessQueue()
     host = ModelHost(
-        fake_fleet("fast", "slow"), queue, RequestLimits(), device="cpu", loader=slow_loader
+        fake_fleet("fast", "slow"),
+        queue,
+        options=[RequestLimits()],
+        device="cpu",
+        loaders=encoder_loaders(slow_loader),
     )
     try:
         async with host:
@@ -512,7 +518,7 @@ async def test_host_reports_loading_until_its_models_are_ready() -> None:
     np.testing.assert_allclose(vectors_of(result), expected(runtime, ["served"]), atol=1e-6)
     fast = fakes.runtimes["fast"]
     np.testing.assert_allclose(vectors_of(early_result), expected(fast, ["early"]), atol=1e-6)
-    assert host.worker is None  # stopped on exit
+    assert not host.engines  # stopped on exit
 
 
 async def test_host_marks_a_model_that_fails_to_load_and_serves_the_others() -> None:
@@ -525,7 +531,11 @@ async def test_host_marks_a_model_that_fails_to_load_and_serves_the_others() -> 
 
     queue = InProcessQueue()
     host = ModelHost(
-        fake_fleet("broken", "alpha"), queue, RequestLimits(), device="cpu", loader=loader
+        fake_fleet("broken", "alpha"),
+        queue,
+        options=[RequestLimits()],
+        device="cpu",
+        loaders=encoder_loaders(loader),
     )
     async with host:
         await asyncio.wait_for(host.wait_ready(), WAIT_S)
@@ -541,10 +551,14 @@ async def test_host_marks_a_model_that_fails_to_load_and_serves_the_others() -> 
 async def test_host_uses_the_device_profile_for_batch_limits() -> None:
     fleet = fake_fleet("alpha")
     async with ModelHost(
-        fleet, InProcessQueue(), RequestLimits(), device="cpu", loader=FakeLoader()
+        fleet,
+        InProcessQueue(),
+        options=[RequestLimits()],
+        device="cpu",
+        loaders=encoder_loaders(FakeLoader()),
     ) as host:
         await asyncio.wait_for(host.wait_ready(), WAIT_S)
-        limits = host.loaded["alpha"].limits
+        limits = LoadedEncoders(host.engines)["alpha"].limits
     assert limits == BatchLimits(
         max_tokens=512, max_requests=16, max_wait_s=0.001, mix_adapters=True
     )
@@ -556,9 +570,13 @@ async def test_host_with_no_loadable_model_starts_no_worker(names: tuple[str, ..
         raise OSError("no weights")
 
     host = ModelHost(
-        fake_fleet(*names), InProcessQueue(), RequestLimits(), device="cpu", loader=loader
+        fake_fleet(*names),
+        InProcessQueue(),
+        options=[RequestLimits()],
+        device="cpu",
+        loaders=encoder_loaders(loader),
     )
     async with host:
         await asyncio.wait_for(host.wait_ready(), WAIT_S)
-        assert host.worker is None
+        assert "encoder" not in host.engines
         assert all(host.state(name) == "failed" for name in names)

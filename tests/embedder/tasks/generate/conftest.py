@@ -19,7 +19,7 @@ TINY_TEMPLATE = (
 
 
 def tiny_spec(**profile: Any) -> ModelSpec:
-    cpu = {"dtype": "float32", "max_batch_tokens": 4096, "max_batch_requests": 32, **profile}
+    cpu = {"dtype": "float32", "kv_tokens": 4096, "max_batch_requests": 32, **profile}
     return ModelSpec.model_validate(
         {
             "name": "tiny-llm",

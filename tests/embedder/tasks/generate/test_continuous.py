@@ -70,7 +70,7 @@ async def test_32_concurrent_equal_generate_alone(tiny_runtime: GenerationRuntim
     ]
     queue = InProcessQueue()
     # Room for about a third of them at once, prompts prefilled 16 tokens per step.
-    spec = tiny_spec(max_batch_tokens=900, max_batch_requests=12, prefill_chunk_tokens=16)
+    spec = tiny_spec(kv_tokens=900, max_batch_requests=12, prefill_chunk_tokens=16)
     engine = GenerationEngine(queue, spec, tiny_runtime, DeviceTurns())
     async with engine:
         futures = [await queue.put(completion_job(p, n, tiny_runtime)) for p, n in cases]

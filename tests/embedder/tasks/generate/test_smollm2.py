@@ -12,10 +12,11 @@ import time
 import pytest
 import torch
 
-from embedder.core.fleet import ModelSpec, load_fleet
+from embedder.core.fleet import ModelSpec
 from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.queue.inprocess import InProcessQueue
 from embedder.serving.turns import DeviceTurns
+from embedder.tasks.fleet import load_fleet
 from embedder.tasks.generate.engine import GenerationEngine
 from embedder.tasks.generate.runtime import GenerationRuntime, load
 
@@ -77,7 +78,7 @@ async def test_32_concurrent_chats_equal_generate_alone(
     ]
     queue = InProcessQueue()
     tight = spec.profile("cpu").model_copy(  # type: ignore[attr-defined]
-        update={"max_batch_tokens": 2400, "max_batch_requests": 16, "prefill_chunk_tokens": 64}
+        update={"kv_tokens": 2400, "max_batch_requests": 16, "prefill_chunk_tokens": 64}
     )
     engine = GenerationEngine(
         queue,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from embedder.core.errors import AdapterInvalid
-from embedder.core.fleet import Fleet, ModelSpec, load_fleet
+from embedder.core.fleet import ModelSpec
 from embedder.core.jobs import Task
 from embedder.tasks.embed.batching import micro_batches
 from embedder.tasks.embed.runtimes import RUNTIMES, Runtime, load_runtime
@@ -21,6 +21,7 @@ from embedder.tasks.embed.runtimes.emulated import (
     EmulatedRuntime,
     load,
 )
+from embedder.tasks.fleet import load_fleet, parse_fleet
 from tests.gateway.conftest import hub_offline
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
@@ -42,7 +43,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
     folder = tmp_path_factory.mktemp("tiny-emulated")
     with hub_offline():
         model_dir = build_tiny_embedder(folder)
-    fleet = Fleet.model_validate({"models": _read_models(tiny_fleet_file(folder, model_dir))})
+    fleet = parse_fleet({"models": _read_models(tiny_fleet_file(folder, model_dir))})
     return fleet.get("tiny")
 
 
@@ -200,7 +201,7 @@ def test_a_worker_on_the_emulated_device_never_imports_torch() -> None:
 
     spec = load_fleet().get("all-minilm-l6-v2")
     code = (
-        "import sys; from embedder.core.fleet import load_fleet; "
+        "import sys; from embedder.tasks.fleet import load_fleet; "
         "from embedder.tasks.embed.runtimes.emulated "
         "import load; rt = load(load_fleet().get('all-minilm-l6-v2'), 'cpu', 1); "
         "print(len(rt.tokenize(['a short text'], 'right').ids[0]), "

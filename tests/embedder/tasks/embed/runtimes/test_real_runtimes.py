@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from embedder.core.fleet import ModelSpec, Precision, load_fleet
+from embedder.core.fleet import ModelSpec, Precision
 from embedder.tasks.embed.runtimes import load_runtime
+from embedder.tasks.fleet import load_fleet
 from tests.embedder.tasks.embed.runtimes.conftest import worst_cosine
 
 pytestmark = pytest.mark.slow

@@ -9,9 +9,10 @@ import pytest
 import torch
 from numpy.typing import NDArray
 
-from embedder.core.fleet import FleetError, ModelSpec, Precision, load_fleet
+from embedder.core.fleet import FleetError, ModelSpec, Precision
 from embedder.tasks.embed.runtimes import MIN_COSINE, load_runtime
 from embedder.tasks.embed.runtimes.torch_st import CPU_PRECISIONS, TorchRuntime, cpu_has_bf16
+from embedder.tasks.fleet import load_fleet
 from tests.gateway.conftest import hub_offline
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 

@@ -1,0 +1,80 @@
+"""What the host and the gateway know of a task kind: one small descriptor per kind.
+
+A kind names its fleet entry (``spec``), the HTTP routes whose bodies it decodes and the
+API shape of each, which kinds' models may answer its requests, how a model of it loads
+(``load``, blocking: the host runs it in a thread) and the engine that serves its loaded
+models. Kinds whose models run in the same loop name the same engine (embedding and
+rerank models share the pipelined encoder worker); the host makes one engine per name.
+Everything here is torch-free: a kind imports its runtimes and engine only when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from embedder.core.adapters import AdapterCatalog
+from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.queue import JobPuller
+from embedder.serving.turns import DeviceTurns
+from embedder.tuned import ProfileChoice
+
+_C = TypeVar("_C")
+
+# Loads one model's runtime on a device with some threads; blocking.
+Loader = Callable[[ModelSpec, DeviceKind, int], Any]
+# (spec, device, loader, threads, device fingerprint) -> the profile to serve with; blocking.
+QuickTune = Callable[[ModelSpec, DeviceKind, Loader, int, str], ProfileChoice]
+
+
+class Engine(Protocol):
+    """The loop that serves a kind's loaded models on this device."""
+
+    async def serve(self, spec: ModelSpec, runtime: Any) -> None:
+        """Start serving one more loaded model (the first starts the loop)."""
+
+    def describe(self, model: str) -> dict[str, object] | None:
+        """What ``/v1/models`` shows of a model this engine serves; None if not one."""
+
+    async def stop(self) -> None:
+        """Stop; every job taken and not answered is failed, so no request hangs."""
+
+
+@dataclass(frozen=True)
+class EngineContext:
+    """What an engine is made with: the queue it pulls from, the device's turns it shares
+    with the other engines, and the options of the kinds that take some (keyed by the
+    option's type: a kind asks for its own)."""
+
+    queue: JobPuller
+    turns: DeviceTurns
+    device: DeviceKind
+    adapters: AdapterCatalog
+    options: Mapping[type, object] = field(default_factory=dict)
+
+    def option(self, kind: type[_C]) -> _C:
+        """The option of this type the host was given, else its defaults."""
+        value = self.options.get(kind)
+        return value if isinstance(value, kind) else kind()
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    name: str  # the fleet entry's `task:`
+    spec: type[ModelSpec]
+    routes: Mapping[str, str]  # HTTP path -> the API shape of its bodies
+    load: Loader
+    engine: str  # the engine its models run in (one per name on a device)
+    make_engine: Callable[[EngineContext], Engine]
+    # Kinds whose models may answer this kind's requests (a rerank may score with an
+    # embedding model's vectors); the kind's own first, the default when a request names
+    # no model.
+    answered_by: tuple[str, ...] = ()
+    tunable: bool = False  # `flotilla tune` times its models
+    # `--untuned quick`: a brief tune at load for a model with no tuned profile
+    quick_tune: QuickTune | None = None
+
+    @property
+    def answering(self) -> tuple[str, ...]:
+        return self.answered_by or (self.name,)
