@@ -32,10 +32,17 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
 }
 # The worker side of embedder: the gateway reaches it only through the queue.
 WORKER_SIDE = (
-    "embedder.tasks.embed.worker",
     "embedder.host",
+    "embedder.tasks.embed.worker",
+    "embedder.tasks.embed.pipeline",
     "embedder.tasks.embed.execute",
+    "embedder.tasks.embed.engine",
     "embedder.tasks.embed.runtimes",
+    "embedder.tasks.generate.engine",
+    "embedder.tasks.generate.runtime",
+    "embedder.tasks.ocr.engine",
+    "embedder.tasks.ocr.runtime",
+    "embedder.tasks.ocr.onnx",
 )
 # The HTTP side: runtimes and the worker never import a web framework.
 WEB = ("fastapi", "starlette", "uvicorn", "gateway")

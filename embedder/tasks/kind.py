@@ -12,20 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.fleet import DeviceKind, ModelSpec
 from embedder.queue import JobPuller
 from embedder.serving.turns import DeviceTurns
-from embedder.tuned import ProfileChoice
+
+if TYPE_CHECKING:  # tuned reads the encoders' profile, whose kind imports this module
+    from embedder.tuned import ProfileChoice
 
 _C = TypeVar("_C")
 
 # Loads one model's runtime on a device with some threads; blocking.
 Loader = Callable[[ModelSpec, DeviceKind, int], Any]
 # (spec, device, loader, threads, device fingerprint) -> the profile to serve with; blocking.
-QuickTune = Callable[[ModelSpec, DeviceKind, Loader, int, str], ProfileChoice]
+QuickTune = Callable[[ModelSpec, DeviceKind, Loader, int, str], "ProfileChoice"]
 
 
 class Engine(Protocol):

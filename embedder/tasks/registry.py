@@ -37,4 +37,4 @@ def kind_of_shape(shape: str) -> TaskKind:
 def encoder_loaders(loader: Loader) -> Mapping[str, Loader]:
     """``loader`` for every kind on the encoder engine (embed, rerank): what a test or
     benchmark passes to load its own encoder runtimes."""
-    return {name: loader for name, kind in TASKS.items() if kind.engine == embed.ENGINE}
+    return {name: loader for name, kind in TASKS.items() if kind.engine == embed.KIND.engine}

@@ -14,11 +14,9 @@ from typing import Any
 
 from embedder.core.fleet import DeviceKind, ModelSpec, entry_as
 from embedder.core.jobs import ApiShape
-from embedder.tasks.embed.spec import EmbedSpec, EncoderSpec
+from embedder.tasks.embed.spec import ENGINE, EmbedSpec, EncoderSpec
 from embedder.tasks.kind import Engine, EngineContext, Loader, TaskKind
 from embedder.tuned import ProfileChoice
-
-ENGINE = "encoder"  # the engine embedding and rerank models share
 
 
 def load(spec: ModelSpec, device: DeviceKind, threads: int) -> Any:

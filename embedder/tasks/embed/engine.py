@@ -9,11 +9,10 @@ from typing import Any
 
 from embedder.core.adapters import ResidentAdapters
 from embedder.core.fleet import ModelSpec
-from embedder.tasks.embed import ENGINE
 from embedder.tasks.embed.batching import BatchLimits
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.execute import LoadedModel
-from embedder.tasks.embed.spec import EncoderProfile, EncoderSpec
+from embedder.tasks.embed.spec import ENGINE, EncoderProfile, EncoderSpec
 from embedder.tasks.embed.worker import Worker
 from embedder.tasks.kind import Engine, EngineContext
 

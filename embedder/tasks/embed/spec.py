@@ -10,6 +10,8 @@ from pydantic import Field, model_validator
 from embedder.core.errors import InvalidRequest
 from embedder.core.fleet import DeviceKind, ModelSpec, Profile, PromptUse
 
+ENGINE = "encoder"  # the engine embedding and rerank models share (embed.engine)
+
 
 class EncoderProfile(Profile):
     """How an encoder runs on one kind of device: the knobs the tuner sets."""

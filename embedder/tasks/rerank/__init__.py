@@ -19,7 +19,7 @@ KIND = TaskKind(
         "/v2/rerank": ApiShape.COHERE_RERANK_V2,
     },
     load=embed.load,
-    engine=embed.ENGINE,
+    engine=embed.KIND.engine,
     make_engine=embed.make_engine,
     answered_by=("rerank", "embed"),
     tunable=True,
