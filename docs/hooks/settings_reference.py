@@ -115,20 +115,21 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def flag(setting: Setting) -> str:
-    """The flag as Typer spells it; its id lets other pages link to the setting
-    (configuration.md#request_timeout_s)."""
-    dashed = setting.name.replace("_", "-")
-    named = f"`--{dashed}`{{#{setting.name}}}"
-    if _unwrap(setting.field.annotation) is bool:
-        return f"{named} / `--no-{dashed}`"
-    return named
+def variable(setting: Setting, env_prefix: str) -> str:
+    return f"{env_prefix}{setting.name.upper()}"
 
 
 def row(setting: Setting, env_prefix: str) -> str:
-    name = f"{flag(setting)}<br>`{env_prefix}{setting.name.upper()}`"
+    """A setting's row. The flag as Typer spells it carries the variable's name as its id,
+    so other pages link to a setting (configuration.md#FLOTILLA_REQUEST_TIMEOUT_S) without
+    meeting a panel heading's own anchor (the panel Kafka, the setting kafka)."""
+    env = variable(setting, env_prefix)
+    dashed = setting.name.replace("_", "-")
+    flag = f"`--{dashed}`{{#{env}}}"
+    if _unwrap(setting.field.annotation) is bool:
+        flag += f" / `--no-{dashed}`"
     return (
-        f"| {name} | {_cell(type_name(setting.field.annotation))} "
+        f"| {flag}<br>`{env}` | {_cell(type_name(setting.field.annotation))} "
         f"| {default_text(setting.field)} | {_cell(setting.field.description or '')} |"
     )
 

@@ -39,8 +39,9 @@ def test_every_setting_is_on_the_page() -> None:
     assert {s.name for s in hook.walk(settings.Settings)} <= names
     for name in names:
         dashed = name.replace("_", "-")
-        assert f"`--{dashed}`{{#{name}}}" in page, name
-        assert f"`FLOTILLA_{name.upper()}`" in page, name
+        env = f"FLOTILLA_{name.upper()}"
+        assert f"`--{dashed}`{{#{env}}}" in page, name
+        assert f"<br>`{env}` |" in page, name
     assert page.count("{#") == len(names)  # each once
 
 
@@ -52,10 +53,10 @@ def test_each_panel_is_a_heading_in_groups_order() -> None:
 
 def test_a_row_gives_type_default_and_description() -> None:
     page = hook.render(*hook.settings_models())
-    port = next(line for line in page.splitlines() if "{#port}" in line)
+    port = next(line for line in page.splitlines() if "{#FLOTILLA_PORT}" in line)
     assert "| int | `8080` |" in port
     assert "Port of the HTTP API" in port
-    chunking = next(line for line in page.splitlines() if "{#chunking}" in line)
+    chunking = next(line for line in page.splitlines() if "{#FLOTILLA_CHUNKING}" in line)
     assert "`--no-chunking`" in chunking and "`true`" in chunking
 
 
@@ -98,9 +99,9 @@ def test_sections_are_walked_and_keep_their_flat_names() -> None:
         "Jetstream",
         "Other",
     ]
-    assert "`--ocr-max-pages`{#ocr_max_pages}<br>`APP_OCR_MAX_PAGES`" in page
-    assert "`--ocr-pdf-dpi`{#ocr_pdf_dpi}<br>`APP_OCR_PDF_DPI`" in page
-    nats = next(line for line in page.splitlines() if "{#nats}" in line)
+    assert "`--ocr-max-pages`{#APP_OCR_MAX_PAGES}<br>`APP_OCR_MAX_PAGES`" in page
+    assert "`--ocr-pdf-dpi`{#APP_OCR_PDF_DPI}<br>`APP_OCR_PDF_DPI`" in page
+    nats = next(line for line in page.splitlines() if "{#APP_NATS}" in line)
     assert "str or none | unset |" in nats
     assert "Server \\| URL &lt;here&gt;." in nats  # a cell's pipes and brackets escaped
     assert '"memory", "file"' in page
