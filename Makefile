@@ -8,7 +8,9 @@ STAMP  := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The version lives in flotilla/__init__.py (pyproject reads it): a new one reinstalls, so
+# the installed metadata agrees with the code.
+$(STAMP): pyproject.toml flotilla/__init__.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
