@@ -42,7 +42,7 @@ typecheck: install
 # in mkdocs.yml, fails the build. Run as a module from the checkout so the configuration
 # reference is rendered from this checkout's settings. No network (no web fonts).
 docs: install
-	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 unit: install
 	$(BIN)/pytest
