@@ -23,11 +23,12 @@ from numpy.typing import NDArray
 
 from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.core.jobs import Job, JobResult, Task
-from embedder.host import ModelHost, RuntimeLoader
+from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.runtimes import Encoded
 from embedder.tasks.fleet import parse_fleet
+from embedder.tasks.kind import Loader as RuntimeLoader
 from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config

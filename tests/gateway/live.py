@@ -17,8 +17,9 @@ from fastapi import FastAPI
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.fleet import Fleet
-from embedder.host import ModelHost, RuntimeLoader
+from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.tasks.kind import Loader as RuntimeLoader
 from embedder.tasks.registry import encoder_loaders
 from flotilla.http_server import server_config
 from flotilla.settings import Settings

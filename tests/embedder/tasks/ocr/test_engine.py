@@ -18,13 +18,12 @@ from numpy.typing import NDArray
 from embedder.core.errors import FlotillaError, InvalidRequest
 from embedder.core.fleet import ModelSpec
 from embedder.core.jobs import ApiShape, Job, JobResult
-from embedder.host import load_ocr
 from embedder.queue.inprocess import InProcessQueue
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.fleet import load_fleet
 from embedder.tasks.ocr.api import OcrLimits
 from embedder.tasks.ocr.engine import OcrEngine
-from embedder.tasks.ocr.runtime import OcrRuntime
+from embedder.tasks.ocr.runtime import OcrRuntime, load_ocr
 from tests.embedder.tasks.ocr.samples import png_bytes, render_lines
 
 
