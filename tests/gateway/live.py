@@ -65,10 +65,9 @@ def live_server(
     host = ModelHost(
         fleet,
         queue,
-        options=[request_limits(settings)],
+        options=[request_limits(settings), ocr_limits(settings)],
         device="cpu",
         loaders=encoder_loaders(loader or Loader()),
-        ocr_limits=ocr_limits(settings),
     )
 
     @contextlib.asynccontextmanager
