@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.jobs import ApiShape
 from embedder.queue import JobPuller
 from embedder.serving.turns import DeviceTurns
 
@@ -66,6 +67,7 @@ class TaskKind:
     name: str  # the fleet entry's `task:`
     spec: type[ModelSpec]
     routes: Mapping[str, str]  # HTTP path -> the API shape of its bodies
+    bodies: Mapping[ApiShape, type] | Mapping[str, type]  # API shape -> its body struct
     load: Loader
     engine: str  # the engine its models run in (one per name on a device)
     make_engine: Callable[[EngineContext], Engine]

@@ -14,6 +14,7 @@ from typing import Any
 
 from embedder.core.fleet import DeviceKind, ModelSpec, entry_as
 from embedder.core.jobs import ApiShape
+from embedder.tasks.embed import bodies
 from embedder.tasks.embed.spec import ENGINE, EmbedSpec, EncoderSpec
 from embedder.tasks.kind import Engine, EngineContext, Loader, TaskKind
 from embedder.tuned import ProfileChoice
@@ -51,6 +52,7 @@ KIND = TaskKind(
         "/similarity": ApiShape.TEI_SIMILARITY,
         "/v2/embed": ApiShape.COHERE_EMBED_V2,
     },
+    bodies=bodies.BODIES,
     load=load,
     engine=ENGINE,
     make_engine=make_engine,

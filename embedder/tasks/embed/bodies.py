@@ -1,8 +1,9 @@
 """Request bodies as clients send them, one msgspec struct per API shape.
 
-The codecs decode with these very structs; ``BODIES`` (shape -> struct) is what the
-OpenAPI document's request models (``gateway.schemas``) are held to, field for field, by
-a test, so the document cannot drift from the decoders. Unknown fields are ignored, as
+The codecs decode with these very structs; ``BODIES`` (shape -> struct; each task kind
+declares its own, ``TaskKind.bodies``) is what the OpenAPI document's request models
+(``gateway.schemas``) are held to, field for field, by a test, so the document cannot
+drift from the decoders. Unknown fields are ignored, as
 the reference servers do.
 """
 
@@ -14,8 +15,6 @@ import msgspec
 
 from embedder.core.jobs import ApiShape
 from embedder.tasks.embed import codecs
-from embedder.tasks.generate import requests as generation_requests
-from embedder.tasks.ocr import api as ocr_api
 
 # -- Cohere v2 (/v2/embed, /v2/rerank), as the cohere SDK's ClientV2 sends them ---------
 
@@ -46,14 +45,6 @@ class CohereEmbedV2(msgspec.Struct):
     truncate: Literal["NONE", "START", "END"] = "END"  # Cohere's default cuts the end
     output_dimension: int | None = None
     max_tokens: int | None = None
-
-
-class CohereRerankV2(msgspec.Struct):
-    query: str
-    documents: list[str]
-    model: str | None = None
-    top_n: int | None = None
-    max_tokens_per_doc: int | None = None
 
 
 # -- TEI's similarity (/similarity, and the root: what huggingface_hub posts) -----------
@@ -90,16 +81,10 @@ class TeiRoot(msgspec.Struct):
 
 
 BODIES: dict[ApiShape, type[msgspec.Struct]] = {
-    ApiShape.OPENAI_EMBEDDINGS: codecs._OpenAIEmbeddings,
-    ApiShape.TEI_EMBED: codecs._TeiEmbed,
+    ApiShape.OPENAI_EMBEDDINGS: codecs.OpenAIEmbeddings,
+    ApiShape.TEI_EMBED: codecs.TeiEmbed,
     ApiShape.TEI_ROOT: TeiRoot,
     ApiShape.TEI_SIMILARITY: TeiSimilarity,
-    ApiShape.TEI_RERANK: codecs._TeiRerank,
-    ApiShape.COHERE_RERANK: codecs._CohereRerank,
     ApiShape.COHERE_EMBED_V2: CohereEmbedV2,
-    ApiShape.COHERE_RERANK_V2: CohereRerankV2,
-    ApiShape.RAW_VECTORS: codecs._TeiEmbed,
-    ApiShape.OPENAI_CHAT: generation_requests.ChatBody,
-    ApiShape.OPENAI_COMPLETIONS: generation_requests.CompletionBody,
-    ApiShape.MISTRAL_OCR: ocr_api.OcrBody,
+    ApiShape.RAW_VECTORS: codecs.TeiEmbed,
 }

@@ -41,21 +41,10 @@ class EmbedRequest:
     use: PromptUse | None = None  # what the texts are for (input_type); picks the prompt
 
 
-@dataclass(frozen=True, slots=True)
-class RerankRequest:
-    query: str
-    documents: list[str]
-    truncate: bool = False
-    side: TruncationSide = "right"
-    top_n: int | None = None
-    return_documents: bool = False
-    raw_scores: bool = False
-
-
 # Bodies as sent. Unknown fields are ignored, as the reference servers do.
 
 
-class _OpenAIEmbeddings(msgspec.Struct):
+class OpenAIEmbeddings(msgspec.Struct):
     input: str | list[str]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
@@ -77,7 +66,7 @@ TOKEN_IDS = (
 )
 
 
-class _TeiEmbed(msgspec.Struct):
+class TeiEmbed(msgspec.Struct):
     inputs: str | list[str]
     normalize: bool = True
     truncate: bool | None = None
@@ -87,28 +76,7 @@ class _TeiEmbed(msgspec.Struct):
     input_type: str | None = None  # beyond TEI: ingest and search send it on RAW_VECTORS
 
 
-class _TeiRerank(msgspec.Struct):
-    query: str
-    texts: list[str]
-    truncate: bool | None = None
-    truncation_direction: Literal["right", "left", "Right", "Left"] = "right"
-    raw_scores: bool = False
-    return_text: bool = False
-
-
-class _Document(msgspec.Struct):
-    text: str
-
-
-class _CohereRerank(msgspec.Struct):
-    query: str
-    documents: list[str | _Document]
-    model: str | None = None
-    top_n: int | None = None
-    return_documents: bool = False
-
-
-def _decode(body: bytes, kind: type[_B]) -> _B:
+def decode_body(body: bytes, kind: type[_B]) -> _B:
     check_depth(body)  # the gateway checked already; a job may come from any queue
     return decode_struct(body, kind)
 
@@ -121,16 +89,16 @@ def _holds_token_ids(body: bytes) -> bool:
     return True
 
 
-def _decode_openai(body: bytes) -> _OpenAIEmbeddings:
+def _decode_openai(body: bytes) -> OpenAIEmbeddings:
     try:
-        return _decode(body, _OpenAIEmbeddings)
+        return decode_body(body, OpenAIEmbeddings)
     except InvalidRequest:
         if not _holds_token_ids(body):  # looked at only when the body failed
             raise
         raise InvalidRequest(TOKEN_IDS) from None
 
 
-def _texts(value: str | list[str], field: str, limits: RequestLimits) -> list[str]:
+def input_texts(value: str | list[str], field: str, limits: RequestLimits) -> list[str]:
     texts = [value] if isinstance(value, str) else value
     if not texts:
         raise InvalidRequest(f"'{field}' must not be empty")
@@ -142,11 +110,11 @@ def _texts(value: str | list[str], field: str, limits: RequestLimits) -> list[st
         )
     for i, text in enumerate(texts):
         if not text.strip():
-            _nonblank(text, f"'{field}'" if isinstance(value, str) else f"'{field}' item {i}")
+            nonblank(text, f"'{field}'" if isinstance(value, str) else f"'{field}' item {i}")
     return texts
 
 
-def _nonblank(text: str, what: str) -> str:
+def nonblank(text: str, what: str) -> str:
     """An empty or whitespace-only text has nothing to embed or score: a 422 that names it,
     rather than the vector of the special tokens alone."""
     if not text.strip():
@@ -186,16 +154,16 @@ def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRe
     if shape is ApiShape.OPENAI_EMBEDDINGS:
         oa = _decode_openai(body)
         return EmbedRequest(
-            texts=_texts(oa.input, "input", limits),
+            texts=input_texts(oa.input, "input", limits),
             truncate=limits.auto_truncate,
             dimensions=_dimensions(oa.dimensions),
             encoding=oa.encoding_format,
             use=_use(oa.input_type),
         )
     if shape in (ApiShape.TEI_EMBED, ApiShape.RAW_VECTORS):
-        tei = _decode(body, _TeiEmbed)
+        tei = decode_body(body, TeiEmbed)
         return EmbedRequest(
-            texts=_texts(tei.inputs, "inputs", limits),
+            texts=input_texts(tei.inputs, "inputs", limits),
             normalize=tei.normalize,
             truncate=limits.auto_truncate if tei.truncate is None else tei.truncate,
             side="left" if tei.truncation_direction.lower() == "left" else "right",
@@ -204,32 +172,6 @@ def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRe
             use=_use(tei.input_type),
         )
     raise InvalidRequest(f"{shape} is not an embedding request")
-
-
-def decode_rerank(shape: ApiShape, body: bytes, limits: RequestLimits) -> RerankRequest:
-    if shape is ApiShape.TEI_RERANK:
-        tei = _decode(body, _TeiRerank)
-        return RerankRequest(
-            query=_nonblank(tei.query, "'query'"),
-            documents=_texts(tei.texts, "texts", limits),
-            truncate=limits.auto_truncate if tei.truncate is None else tei.truncate,
-            side="left" if tei.truncation_direction.lower() == "left" else "right",
-            return_documents=tei.return_text,
-            raw_scores=tei.raw_scores,
-        )
-    if shape is ApiShape.COHERE_RERANK:
-        co = _decode(body, _CohereRerank)
-        docs = [d if isinstance(d, str) else d.text for d in co.documents]
-        if co.top_n is not None and co.top_n <= 0:
-            raise InvalidRequest(f"'top_n' must be a positive integer, got {co.top_n}")
-        return RerankRequest(
-            query=_nonblank(co.query, "'query'"),
-            documents=_texts(docs, "documents", limits),
-            truncate=limits.auto_truncate,
-            top_n=co.top_n,
-            return_documents=co.return_documents,
-        )
-    raise InvalidRequest(f"{shape} is not a rerank request")
 
 
 def shape_vectors(
@@ -286,39 +228,6 @@ def encode_embed(
             ],
             "model": model,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-    )
-
-
-def encode_rerank(
-    shape: ApiShape,
-    request: RerankRequest,
-    scores: NDArray[np.float32],
-    model: str,
-    tokens: int,
-    job_id: str,
-) -> bytes:
-    order = np.argsort(-scores, kind="stable")
-    if shape is ApiShape.TEI_RERANK:
-        return msgspec.json.encode(
-            [
-                {"index": int(i), "score": float(scores[i])}
-                | ({"text": request.documents[i]} if request.return_documents else {})
-                for i in order
-            ]
-        )
-    if request.top_n is not None:
-        order = order[: request.top_n]
-    return msgspec.json.encode(
-        {
-            "id": job_id,
-            "model": model,
-            "results": [
-                {"index": int(i), "relevance_score": float(scores[i])}
-                | ({"document": {"text": request.documents[i]}} if request.return_documents else {})
-                for i in order
-            ],
-            "usage": {"total_tokens": tokens},
         }
     )
 

@@ -1,5 +1,6 @@
-"""Cohere's v2 API (``/v2/embed``, ``/v2/rerank``): its bodies decoded into the shared
-requests, its responses encoded, as the cohere SDK's ``ClientV2`` reads them.
+"""Cohere's v2 API for embeddings (``/v2/embed``; its rerank is ``embedder.tasks.rerank``):
+its bodies decoded into the shared requests, its responses encoded, as the cohere SDK's
+``ClientV2`` reads them.
 
 What differs from the other shapes: ``input_type`` names what the texts are for,
 ``truncate`` defaults to cutting the end (NONE refuses over-long inputs),
@@ -20,19 +21,16 @@ from embedder.core.fleet import PromptUse
 from embedder.tasks.embed.bodies import (
     CohereEmbedV2,
     CohereInput,
-    CohereRerankV2,
     EmbeddingType,
     TextContent,
 )
 from embedder.tasks.embed.codecs import (
     EmbedRequest,
     RequestLimits,
-    RerankRequest,
-    _decode,
     _dimensions,
-    _nonblank,
-    _texts,
     base64_rows,
+    decode_body,
+    input_texts,
     json_with_vectors,
 )
 from embedder.tasks.embed.quantize import QUANTIZED, quantize
@@ -52,11 +50,6 @@ API_VERSION = {"version": "2"}
 class CohereEmbedRequest(EmbedRequest):
     embedding_types: tuple[EmbeddingType, ...] = ("float",)
     max_tokens: int | None = None  # per input, as the request asks
-
-
-@dataclass(frozen=True, slots=True)
-class CohereRerankRequest(RerankRequest):
-    max_tokens: int | None = None  # per document, as the request asks
 
 
 def _use(input_type: str | None) -> PromptUse | None:
@@ -82,23 +75,25 @@ def _input_text(i: int, item: CohereInput) -> str:
     return "\n".join(parts)
 
 
-def _positive(value: int | None, field: str) -> int | None:
+def positive(value: int | None, field: str) -> int | None:
     if value is not None and value <= 0:
         raise InvalidRequest(f"'{field}' must be a positive integer, got {value}")
     return value
 
 
 def decode_embed(body: bytes, limits: RequestLimits) -> CohereEmbedRequest:
-    co = _decode(body, CohereEmbedV2)
+    co = decode_body(body, CohereEmbedV2)
     if co.images:
         raise InvalidRequest("'images' are not served: the fleet embeds text; send 'texts'")
     if (co.texts is None) == (co.inputs is None):
         raise InvalidRequest("send the texts in exactly one of 'texts' or 'inputs'")
     if co.texts is not None:
-        texts = _texts(co.texts, "texts", limits)
+        texts = input_texts(co.texts, "texts", limits)
     else:
         assert co.inputs is not None
-        texts = _texts([_input_text(i, item) for i, item in enumerate(co.inputs)], "inputs", limits)
+        texts = input_texts(
+            [_input_text(i, item) for i, item in enumerate(co.inputs)], "inputs", limits
+        )
     if co.embedding_types is not None and not co.embedding_types:
         raise InvalidRequest("'embedding_types' is empty: name at least one, e.g. [\"float\"]")
     return CohereEmbedRequest(
@@ -109,35 +104,25 @@ def decode_embed(body: bytes, limits: RequestLimits) -> CohereEmbedRequest:
         dimensions=_dimensions(co.output_dimension),
         use=_use(co.input_type),
         embedding_types=tuple(dict.fromkeys(co.embedding_types or ["float"])),
-        max_tokens=_positive(co.max_tokens, "max_tokens"),
+        max_tokens=positive(co.max_tokens, "max_tokens"),
     )
 
 
-def decode_rerank(body: bytes, limits: RequestLimits) -> CohereRerankRequest:
-    co = _decode(body, CohereRerankV2)
-    return CohereRerankRequest(
-        query=_nonblank(co.query, "'query'"),
-        documents=_texts(co.documents, "documents", limits),
-        truncate=True,  # v2 cuts long documents to max_tokens_per_doc rather than refusing
-        top_n=_positive(co.top_n, "top_n"),
-        max_tokens=_positive(co.max_tokens_per_doc, "max_tokens_per_doc"),
-    )
+def check_window(request: EmbedRequest, window: int) -> None:
+    if isinstance(request, CohereEmbedRequest):
+        check_cap(request.max_tokens, "max_tokens", window)
 
 
-def check_window(request: EmbedRequest | RerankRequest, window: int) -> None:
+def check_cap(cap: int | None, field: str, window: int) -> None:
     """Inputs are cut at the model's window; a smaller per-request cap cannot be kept."""
-    if not isinstance(request, CohereEmbedRequest | CohereRerankRequest):
-        return
-    cap = request.max_tokens
     if cap is not None and cap < window:
-        field = "max_tokens" if isinstance(request, CohereEmbedRequest) else "max_tokens_per_doc"
         raise InvalidRequest(
             f"'{field}' is {cap}, below this model's window of {window} tokens, where inputs "
             f"are cut: leave '{field}' out or send at least {window}"
         )
 
 
-def _meta(tokens: int) -> dict[str, object]:
+def meta(tokens: int) -> dict[str, object]:
     return {"api_version": API_VERSION, "billed_units": {"input_tokens": tokens}}
 
 
@@ -158,15 +143,7 @@ def encode_embed(
             "id": job_id,
             "embeddings": embeddings,
             "texts": request.texts,
-            "meta": _meta(tokens),
+            "meta": meta(tokens),
             "response_type": "embeddings_by_type",
         }
     )
-
-
-def encode_rerank(
-    request: RerankRequest, scores: NDArray[np.float32], tokens: int, job_id: str
-) -> bytes:
-    order = np.argsort(-scores, kind="stable")[: request.top_n]
-    results = [{"index": int(i), "relevance_score": float(scores[i])} for i in order]
-    return json_with_vectors({"id": job_id, "results": results, "meta": _meta(tokens)})

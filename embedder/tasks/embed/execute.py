@@ -24,11 +24,13 @@ from embedder.core.errors import AdapterNotFound, FlotillaError, InferenceFailed
 from embedder.core.jobs import ApiShape, Job, JobResult, Task, Timings, TruncationSide
 from embedder.queue import Outcome
 from embedder.tasks.embed.batching import BatchLimits
-from embedder.tasks.embed.codecs import EmbedRequest, RequestLimits, RerankRequest, shape_vectors
+from embedder.tasks.embed.codecs import EmbedRequest, RequestLimits, shape_vectors
 from embedder.tasks.embed.cohere_v2 import check_window
 from embedder.tasks.embed.runtimes import Encoded, Runtime
-from embedder.tasks.embed.shapes import decode_embed, decode_rerank, encode_embed, encode_rerank
+from embedder.tasks.embed.shapes import decode_embed, encode_embed
 from embedder.tasks.embed.spec import EncoderSpec
+from embedder.tasks.rerank import codecs as rerank_codecs
+from embedder.tasks.rerank.codecs import RerankRequest
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +95,8 @@ def _prepare(
         encoded = runtime.tokenize(texts, side, prefix=prefix)
         _check_lengths(encoded.full_lengths, request.truncate, max_tokens, "input {i}")
         return request, encoded
-    rerank = decode_rerank(ApiShape(job.shape), job.body, limits)
-    check_window(rerank, max_tokens)
+    rerank = rerank_codecs.decode(ApiShape(job.shape), job.body, limits)
+    rerank_codecs.check_window(rerank, max_tokens)
     side = rerank.side
     query, docs = rerank.query, rerank.documents  # the request keeps them whole (return_text)
     if rerank.truncate:
@@ -238,7 +240,7 @@ def finish_batch(forwarded: Forwarded, model: LoadedModel, now: float) -> BatchR
                 )
             else:
                 scores = _scores(model, rows, request)
-                body = encode_rerank(
+                body = rerank_codecs.encode(
                     ApiShape(job.shape), request, scores, model.spec.name, encoded.tokens, job.id
                 )
         except FlotillaError as exc:

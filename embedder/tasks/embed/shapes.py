@@ -14,7 +14,7 @@ from numpy.typing import NDArray
 
 from embedder.core.jobs import ApiShape
 from embedder.tasks.embed import codecs, cohere_v2, similarity
-from embedder.tasks.embed.codecs import EmbedRequest, RequestLimits, RerankRequest
+from embedder.tasks.embed.codecs import EmbedRequest, RequestLimits
 
 EmbedEncoder = Callable[[EmbedRequest, NDArray[np.float32], int, str], bytes]
 
@@ -42,19 +42,11 @@ EMBED_ENCODERS: dict[ApiShape, EmbedEncoder] = {
     ApiShape.TEI_SIMILARITY: _similarity,
     ApiShape.COHERE_EMBED_V2: _cohere_embed,
 }
-RERANK_DECODERS: dict[ApiShape, Callable[[bytes, RequestLimits], RerankRequest]] = {
-    ApiShape.COHERE_RERANK_V2: cohere_v2.decode_rerank,
-}
 
 
 def decode_embed(shape: ApiShape, body: bytes, limits: RequestLimits) -> EmbedRequest:
     decoder = EMBED_DECODERS.get(shape)
     return decoder(body, limits) if decoder else codecs.decode_embed(shape, body, limits)
-
-
-def decode_rerank(shape: ApiShape, body: bytes, limits: RequestLimits) -> RerankRequest:
-    decoder = RERANK_DECODERS.get(shape)
-    return decoder(body, limits) if decoder else codecs.decode_rerank(shape, body, limits)
 
 
 def encode_embed(
@@ -69,16 +61,3 @@ def encode_embed(
     if encoder is None:
         return codecs.encode_embed(shape, request, vectors, model, tokens)
     return encoder(request, vectors, tokens, job_id)
-
-
-def encode_rerank(
-    shape: ApiShape,
-    request: RerankRequest,
-    scores: NDArray[np.float32],
-    model: str,
-    tokens: int,
-    job_id: str,
-) -> bytes:
-    if shape is ApiShape.COHERE_RERANK_V2:
-        return cohere_v2.encode_rerank(request, scores, tokens, job_id)
-    return codecs.encode_rerank(shape, request, scores, model, tokens, job_id)

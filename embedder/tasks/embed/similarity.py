@@ -22,12 +22,12 @@ from embedder.tasks.embed.bodies import (
 from embedder.tasks.embed.codecs import (
     EmbedRequest,
     RequestLimits,
-    _decode,
     _dimensions,
-    _nonblank,
-    _texts,
     _use,
+    decode_body,
+    input_texts,
     json_with_vectors,
+    nonblank,
 )
 
 
@@ -41,8 +41,8 @@ def _similarity(
 ) -> SimilarityRequest:
     return SimilarityRequest(
         texts=[
-            _nonblank(inputs.source_sentence, "'source_sentence'"),
-            *_texts(inputs.sentences, "sentences", limits),
+            nonblank(inputs.source_sentence, "'source_sentence'"),
+            *input_texts(inputs.sentences, "sentences", limits),
         ],
         normalize=True,
         truncate=limits.auto_truncate if params.truncate is None else params.truncate,
@@ -52,19 +52,19 @@ def _similarity(
 
 
 def decode_similarity(body: bytes, limits: RequestLimits) -> EmbedRequest:
-    tei = _decode(body, TeiSimilarity)
+    tei = decode_body(body, TeiSimilarity)
     return _similarity(tei.inputs, tei.parameters or SimilarityParameters(), limits)
 
 
 def decode_root(body: bytes, limits: RequestLimits) -> EmbedRequest:
-    root = _decode(body, TeiRoot)
+    root = decode_body(body, TeiRoot)
     if isinstance(root.inputs, SimilarityInput):
         params = root.parameters or SimilarityParameters(
             root.truncate, root.truncation_direction, root.prompt_name
         )
         return _similarity(root.inputs, params, limits)
     return EmbedRequest(  # as /embed decodes it
-        texts=_texts(root.inputs, "inputs", limits),
+        texts=input_texts(root.inputs, "inputs", limits),
         normalize=root.normalize,
         truncate=limits.auto_truncate if root.truncate is None else root.truncate,
         side="left" if root.truncation_direction.lower() == "left" else "right",

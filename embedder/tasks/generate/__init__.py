@@ -16,6 +16,7 @@ from typing import Any
 from embedder.core.fleet import DeviceKind, ModelSpec, entry_as
 from embedder.core.jobs import ApiShape
 from embedder.serving.per_model import ModelLoop, OneLoopPerModel
+from embedder.tasks.generate import requests
 from embedder.tasks.generate.spec import GenerateSpec
 from embedder.tasks.kind import Engine, EngineContext, TaskKind
 
@@ -42,6 +43,10 @@ KIND = TaskKind(
     routes={
         "/v1/chat/completions": ApiShape.OPENAI_CHAT,
         "/v1/completions": ApiShape.OPENAI_COMPLETIONS,
+    },
+    bodies={
+        ApiShape.OPENAI_CHAT: requests.ChatBody,
+        ApiShape.OPENAI_COMPLETIONS: requests.CompletionBody,
     },
     load=load,
     engine="generate",

@@ -17,6 +17,7 @@ from embedder.core.fleet import DeviceKind, ModelSpec, entry_as
 from embedder.core.jobs import ApiShape
 from embedder.serving.per_model import ModelLoop, OneLoopPerModel
 from embedder.tasks.kind import Engine, EngineContext, TaskKind
+from embedder.tasks.ocr import api
 from embedder.tasks.ocr.api import OcrLimits
 from embedder.tasks.ocr.spec import OcrSpec
 
@@ -42,6 +43,7 @@ KIND = TaskKind(
     name="ocr",
     spec=OcrSpec,
     routes={"/v1/ocr": ApiShape.MISTRAL_OCR},
+    bodies={ApiShape.MISTRAL_OCR: api.OcrBody},
     load=load,
     engine="ocr",
     make_engine=make_engine,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from embedder.core.jobs import ApiShape
 from embedder.tasks import embed
 from embedder.tasks.kind import TaskKind
+from embedder.tasks.rerank import codecs
 from embedder.tasks.rerank.spec import RerankSpec
 
 KIND = TaskKind(
@@ -18,6 +19,7 @@ KIND = TaskKind(
         "/v1/rerank": ApiShape.COHERE_RERANK,
         "/v2/rerank": ApiShape.COHERE_RERANK_V2,
     },
+    bodies=codecs.BODIES,
     load=embed.load,
     engine=embed.KIND.engine,
     make_engine=embed.make_engine,

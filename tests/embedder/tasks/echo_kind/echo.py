@@ -70,6 +70,7 @@ KIND = TaskKind(
     name="echo",
     spec=EchoSpec,
     routes={"/v1/echo": SHAPE},
+    bodies={},
     load=load,
     engine="echo",
     make_engine=make_engine,

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from embedder.core.fleet import ModelSpec, Precision, Profile, Source
+from embedder.core.fleet import Precision, Source
 from embedder.core.jobs import Task
+from embedder.tasks.embed.spec import EncoderProfile, EncoderSpec
+from embedder.tasks.registry import kind_of
 from tests.tiny_models import build_tiny_embedder, build_tiny_reranker
 
 
@@ -44,9 +46,12 @@ def spec_for(
     *,
     task: Task = Task.EMBED,
     **fields: object,
-) -> ModelSpec:
-    profile = Profile(runtime=runtime, dtype=dtype, forward_tokens=256, forward_max_sequences=8)
-    return ModelSpec(
+) -> EncoderSpec:
+    profile = EncoderProfile(
+        runtime=runtime, dtype=dtype, forward_tokens=256, forward_max_sequences=8
+    )
+    spec = kind_of(task).spec
+    return spec(  # type: ignore[return-value]
         name="tiny",
         source=Source(path=folder),
         task=task,
