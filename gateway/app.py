@@ -5,7 +5,7 @@ from ``gateway.openapi``."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Path, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -58,10 +58,23 @@ def create_app(
 ) -> FastAPI:
     app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
-    catalog = gateway.adapters
     app.state.gateway = gateway
     handlers.install(app)
     docs = ApiDocs()
+    _add_task_routes(app, gateway, docs)
+    if store is not None:
+        _add_search_route(app, gateway, store, docs)
+    if ingest is not None:  # the process that owns the store takes documents for it
+        add_document_routes(app, gateway, ingest, docs)
+    _add_model_list(app, fleet, states, gateway.adapters)
+    _add_probes(app, fleet, states, ingest_health)
+    _add_metrics(app, fleet, queue)
+    docs.install(app)
+    return app
+
+
+def _add_task_routes(app: FastAPI, gateway: Gateway, docs: ApiDocs) -> None:
+    """Every task kind's routes, each documented where its shape has a schema."""
 
     def handler(task: str, shape: str) -> Callable[[Request], Awaitable[Response]]:
         route = ROUTE_OF_TASK.get(task, ShapeRoute)(shape)
@@ -79,19 +92,20 @@ def create_app(
             **(docs.route(path, documented) if documented is not None else {}),
         )  # fmt: skip
 
-    if store is not None:
-        search_store = store  # narrowed for the handler below
-        search = "/v1/collections/{name}/search"
 
-        @app.post(search, response_class=Response, **docs.route(search, SEARCH))
-        async def collection_search(
-            request: Request, name: Annotated[str, Path(examples=["documents"])]
-        ) -> Response:
-            return await gateway.handle(request, CollectionSearch(search_store, name))
+def _add_search_route(app: FastAPI, gateway: Gateway, store: VectorStore, docs: ApiDocs) -> None:
+    search = "/v1/collections/{name}/search"
 
-    if ingest is not None:  # the process that owns the store takes documents for it
-        add_document_routes(app, gateway, ingest, docs)
+    @app.post(search, response_class=Response, **docs.route(search, SEARCH))
+    async def collection_search(
+        request: Request, name: Annotated[str, Path(examples=["documents"])]
+    ) -> Response:
+        return await gateway.handle(request, CollectionSearch(store, name))
 
+
+def _add_model_list(
+    app: FastAPI, fleet: Fleet, states: ModelStates, catalog: AdapterCatalog
+) -> None:
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:
         """Every model, then each of its adapters as 'model:adapter' with the model as
@@ -117,22 +131,29 @@ def create_app(
             ]  # fmt: skip
         return {"object": "list", "data": data}
 
+
+READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": Readiness},
+    503: {"model": Readiness, "description": "Some model is still loading, or failed to load."},
+}
+INGEST_READY_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": IngestReadiness},
+    503: {
+        "model": IngestReadiness,
+        "description": "Ingest is starting, restarting after a failure, or stopped.",
+    },
+}
+
+
+def _add_probes(
+    app: FastAPI, fleet: Fleet, states: ModelStates, ingest_health: IngestHealth | None
+) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         """Liveness: the process answers."""
         return {"status": "ok"}
 
-    @app.get(
-        "/ready",
-        response_model=None,
-        responses={
-            200: {"model": Readiness},
-            503: {
-                "model": Readiness,
-                "description": "Some model is still loading, or failed to load.",
-            },
-        },
-    )
+    @app.get("/ready", response_model=None, responses=READY_RESPONSES)
     async def ready() -> Response:
         """Readiness to serve requests: every model of the fleet is loaded. Ingest, when
         this process runs it, is reported beside (status 'degraded' while it is not
@@ -148,34 +169,22 @@ def create_app(
                 body["status"] = "degraded"
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    if ingest_health is not None:
-        kafka_ingest = ingest_health  # narrowed for the handler below
+    if ingest_health is None:
+        return
+    kafka_ingest = ingest_health  # narrowed for the handler below
 
-        @app.get(
-            "/ready/ingest",
-            response_model=None,
-            responses={
-                200: {"model": IngestReadiness},
-                503: {
-                    "model": IngestReadiness,
-                    "description": "Ingest is starting, restarting after a failure, or stopped.",
-                },
-            },
-        )
-        async def ready_ingest() -> Response:
-            """Ingest's probe: 200 while it consumes, 503 while it starts, restarts or
-            has failed (the body says why)."""
-            ingest_status = kafka_ingest.status()
-            return JSONResponse(
-                ingest_status.describe(), status_code=200 if ingest_status.up else 503
-            )
+    @app.get("/ready/ingest", response_model=None, responses=INGEST_READY_RESPONSES)
+    async def ready_ingest() -> Response:
+        """Ingest's probe: 200 while it consumes, 503 while it starts, restarts or has
+        failed (the body says why)."""
+        ingest_status = kafka_ingest.status()
+        return JSONResponse(ingest_status.describe(), status_code=200 if ingest_status.up else 503)
 
+
+def _add_metrics(app: FastAPI, fleet: Fleet, queue: JobSubmitter) -> None:
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
         depth = queue.depth()
         for name in fleet.models:
             metrics.QUEUE_DEPTH.labels(name).set(depth.get(name, 0))
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-    docs.install(app)
-    return app

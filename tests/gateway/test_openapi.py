@@ -11,9 +11,8 @@ import pytest
 from embedder.core.jobs import ApiShape
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
-from embedder.tasks.embed import bodies
 from embedder.tasks.embed.codecs import RequestLimits
-from embedder.tasks.registry import encoder_loaders
+from embedder.tasks.registry import TASKS, encoder_loaders
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import body_routes, create_app
@@ -91,10 +90,11 @@ async def test_probes_document_their_answers(document: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("shape", list(DOCUMENTED))
 def test_documented_fields_are_the_decoded_fields(shape: ApiShape) -> None:
-    # The decoders' own structs (embedder.tasks.embed.bodies): the documented request names the same
-    # fields, and the routing fields every body may carry, so it cannot drift from them.
+    # The decoders' own structs (each task kind's bodies): the documented request names the
+    # same fields, and the routing fields every body may carry, so it cannot drift from them.
     documented = set(DOCUMENTED[shape].request.model_fields)
-    decoded = set(bodies.BODIES[shape].__struct_fields__) | {"model", "adapter"}
+    decoders = {s: struct for kind in TASKS.values() for s, struct in kind.bodies.items()}
+    decoded = set(decoders[shape].__struct_fields__) | {"model", "adapter"}
     assert documented == decoded
 
 
