@@ -72,15 +72,16 @@ class ModelHost(Lifecycle):
     def state(self, model: str) -> ModelState:
         if model in self.failed:
             return "failed"
-        return "ready" if model in self.served else "loading"
+        return "ready" if model in self.served and self._task is not None else "loading"
 
     def describe(self, model: str) -> dict[str, object]:
-        profile = {"profile": self.choices[model].describe()} if model in self.choices else {}
-        if model in self.served:
-            return {**(self.served[model].describe(model) or {}), **profile}
         if model in self.failed:
             return {"error": self.failed[model]}
-        return {}
+        engine = self.served.get(model)
+        if engine is None:
+            return {}
+        profile = {"profile": self.choices[model].describe()} if model in self.choices else {}
+        return {**(engine.describe(model) or {}), **profile}
 
     def choose_profile(self, spec: ModelSpec, device: DeviceKind) -> ProfileChoice:
         """The tuned profile for this device when the fleet leaves it open (dtype: auto),
@@ -114,10 +115,7 @@ class ModelHost(Lifecycle):
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
-        engines = list(self.engines.values())
-        self.engines.clear()  # in place: views of the host's engines see them go
-        self.served.clear()
-        for engine in engines:
+        for engine in self.engines.values():  # stopped, they still say what they loaded
             await engine.stop()
 
     async def _load_and_run(self) -> None:

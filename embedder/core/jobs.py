@@ -55,6 +55,8 @@ TASK_OF_SHAPE: dict[ApiShape, Task] = {
 }
 
 
+BUILT_IN_TASKS = frozenset(Task)
+
 # Which end of an over-long input is cut: requests say it, runtimes do it.
 TruncationSide = Literal["right", "left"]
 
@@ -127,8 +129,12 @@ class Job:
         )
 
     def __post_init__(self) -> None:
-        if not self.task:  # a built-in shape's kind; a kind of another shape names itself
+        """A built-in shape names its kind; a job of another kind names its task. A
+        built-in kind's job in a shape that kind does not decode is a ValueError."""
+        if not self.task:
             object.__setattr__(self, "task", TASK_OF_SHAPE[ApiShape(self.shape)].value)
+        elif self.task in BUILT_IN_TASKS and TASK_OF_SHAPE.get(self.shape) != self.task:  # type: ignore[call-overload]
+            raise ValueError(f"a {self.task} job cannot be in shape {self.shape!r}")
 
     @property
     def group(self) -> tuple[str, str | None, str]:

@@ -179,6 +179,10 @@ def test_a_malformed_fleet_file_is_a_clean_error(runner: CliRunner, tmp_path: Pa
     result = runner.invoke(app, ["models", "--fleet", str(path)])
     assert result.exit_code == 2, result.output
     assert "is invalid" in result.output
+    assert "'summarize' is not a task kind" in result.output  # names the known ones
+    path.write_text("models:\n  m:\n    task: embed\n", encoding="utf-8")
+    result = runner.invoke(app, ["models", "--fleet", str(path)])
+    assert result.exit_code == 2, result.output
     assert "source" in result.output  # names the missing field
 
 

@@ -52,7 +52,7 @@ class EncoderEngine:
 
     def describe(self, model: str) -> dict[str, object] | None:
         loaded = self.loaded.get(model)
-        return None if loaded is None or self.worker is None else asdict(loaded.runtime.info)
+        return None if loaded is None else asdict(loaded.runtime.info)
 
     async def stop(self) -> None:
         worker, self.worker = self.worker, None

@@ -140,7 +140,7 @@ def test_a_level_sends_every_page_and_scores_the_answers(served: str, pages: lis
 def test_the_side_is_skipped_without_an_ocr_entry(tmp_path: Path) -> None:
     side = flotilla_side.FlotillaSide(None, None, 2, 10.0)
     fleet = tmp_path / "fleet.yaml"
-    bundled = yaml.safe_load(Path("embedder/core/fleet.yaml").read_text(encoding="utf-8"))
+    bundled = yaml.safe_load(Path("embedder/fleet.yaml").read_text(encoding="utf-8"))
     if not any(spec.get("task") == "ocr" for spec in bundled["models"].values()):
         with pytest.raises(SkipSide, match="no entry with task ocr"):
             flotilla_side.fleet_file(side, fleet)
@@ -154,7 +154,7 @@ def test_the_side_is_skipped_without_an_ocr_entry(tmp_path: Path) -> None:
 
 
 def test_a_fleet_s_ocr_entry_is_written_alone(tmp_path: Path) -> None:
-    bundled = yaml.safe_load(Path("embedder/core/fleet.yaml").read_text(encoding="utf-8"))
+    bundled = yaml.safe_load(Path("embedder/fleet.yaml").read_text(encoding="utf-8"))
     ocr = [name for name, spec in bundled["models"].items() if spec.get("task") == "ocr"]
     if not ocr:
         pytest.skip("the bundled fleet has no OCR entry yet")

@@ -518,7 +518,7 @@ async def test_host_reports_loading_until_its_models_are_ready() -> None:
     np.testing.assert_allclose(vectors_of(result), expected(runtime, ["served"]), atol=1e-6)
     fast = fakes.runtimes["fast"]
     np.testing.assert_allclose(vectors_of(early_result), expected(fast, ["early"]), atol=1e-6)
-    assert not host.engines  # stopped on exit
+    assert host.state("fast") == "loading"  # stopped on exit: serves nothing
 
 
 async def test_host_marks_a_model_that_fails_to_load_and_serves_the_others() -> None:

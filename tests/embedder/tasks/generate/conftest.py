@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from embedder.core.fleet import ModelSpec
 from embedder.tasks.generate.runtime import GenerationRuntime, load
+from embedder.tasks.generate.spec import GenerateSpec
 
 TINY_SOURCE = {"package": "tinycoder", "file": "models/tiny.gguf"}
 # tinycoder ships no chat template: the fleet entry gives one (as a fleet file may).
@@ -18,9 +18,9 @@ TINY_TEMPLATE = (
 )
 
 
-def tiny_spec(**profile: Any) -> ModelSpec:
+def tiny_spec(**profile: Any) -> GenerateSpec:
     cpu = {"dtype": "float32", "kv_tokens": 4096, "max_batch_requests": 32, **profile}
-    return ModelSpec.model_validate(
+    return GenerateSpec.model_validate(
         {
             "name": "tiny-llm",
             "source": TINY_SOURCE,
