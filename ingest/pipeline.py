@@ -331,20 +331,16 @@ class IngestCore:
         """Writes the chunk; returns the operations the store refused, each with the
         reason. A document with a passage the store refuses is refused whole, and what
         was written of it is deleted again: it is stored complete or not at all."""
-        by_collection: dict[str, list[tuple[Upsert, Point]]] = {}
-        for op in upserts:
-            parts = passages[op.source]
-            by_collection.setdefault(op.collection, []).extend(
-                (
-                    op,
-                    Point(
-                        id=chunk_point_id(op.collection, op.doc_id, part.index),
-                        vector=vector,
-                        payload=_payload(op, part, len(parts)),
-                    ),
-                )
-                for part, vector in zip(parts, vectors[op.source], strict=True)
-            )
+        refused = await self._upsert_points(_points(upserts, passages, vectors))
+        await self._delete_stale(upserts, passages, refused)
+        await self._delete_documents(deletes, refused)
+        return list(refused.values())
+
+    async def _upsert_points(
+        self, by_collection: dict[str, list[tuple[Upsert, Point]]]
+    ) -> dict[SourceRef, tuple[Operation, str]]:
+        """Upserts each collection's points, ``UPSERT_BATCH_POINTS`` a call; returns the
+        documents with a point the store refused, each with the first reason."""
         refused: dict[SourceRef, tuple[Operation, str]] = {}
         for collection, writes in by_collection.items():
             for start in range(0, len(writes), UPSERT_BATCH_POINTS):
@@ -352,6 +348,16 @@ class IngestCore:
                     collection, writes[start : start + UPSERT_BATCH_POINTS]
                 ):
                     refused.setdefault(op.source, (op, reason))
+        return refused
+
+    async def _delete_stale(
+        self,
+        upserts: list[Upsert],
+        passages: dict[SourceRef, list[Passage]],
+        refused: dict[SourceRef, tuple[Operation, str]],
+    ) -> None:
+        """Deletes, of each document written whole, the passages past its new count:
+        what is left of a longer earlier version."""
         # Per collection, the documents by their new passage count: one delete of what
         # lies past that count serves all of them.
         counts: dict[str, dict[int, list[str]]] = {}
@@ -367,6 +373,12 @@ class IngestCore:
                     collection,
                     {"doc_id": doc_ids, "chunk_index": AtLeast(count)},
                 )
+
+    async def _delete_documents(
+        self, deletes: list[Delete], refused: dict[SourceRef, tuple[Operation, str]]
+    ) -> None:
+        """Deletes the tombstoned documents and what was written of the refused ones; a
+        delete the store refuses for good joins ``refused``."""
         deletes_by_collection: dict[str, list[Operation]] = {}
         for gone in deletes:
             deletes_by_collection.setdefault(gone.collection, []).append(gone)
@@ -389,7 +401,6 @@ class IngestCore:
                 for refused_op in ops:
                     reason = f"the store refused the delete: {exc.message}"
                     refused.setdefault(refused_op.source, (refused_op, reason))
-        return list(refused.values())
 
     async def _upsert(
         self, collection: str, writes: list[tuple[Upsert, Point]]
@@ -414,6 +425,29 @@ class IngestCore:
                 collection, writes[half:]
             )
         return []
+
+
+def _points(
+    upserts: list[Upsert],
+    passages: dict[SourceRef, list[Passage]],
+    vectors: dict[SourceRef, list[list[float]]],
+) -> dict[str, list[tuple[Upsert, Point]]]:
+    """Every passage as its point, by collection, each with the document it belongs to."""
+    by_collection: dict[str, list[tuple[Upsert, Point]]] = {}
+    for op in upserts:
+        parts = passages[op.source]
+        by_collection.setdefault(op.collection, []).extend(
+            (
+                op,
+                Point(
+                    id=chunk_point_id(op.collection, op.doc_id, part.index),
+                    vector=vector,
+                    payload=_payload(op, part, len(parts)),
+                ),
+            )
+            for part, vector in zip(parts, vectors[op.source], strict=True)
+        )
+    return by_collection
 
 
 def _payload(op: Upsert, part: Passage, count: int) -> dict[str, Any]:

@@ -190,81 +190,23 @@ def _parse(
     headers: Sequence[tuple[str, bytes | None]],
     source: SourceRef,
     rules: RecordRules,
-) -> Upsert | Delete | Poison:
-    try:
-        doc_key = key.decode("utf-8") if key is not None else None
-    except UnicodeDecodeError:
-        return Poison("the record key is not valid UTF-8", source, "not_utf8")
-    for name, _ in headers:
-        if not name.isascii() and not _encodable(name):
-            # Only a batch read raw has such a key (the client cannot decode it).
-            return Poison("a header key is not valid UTF-8", source, "bad_header")
+) -> Upsert | Delete:
+    """The operation a record asks for; each step raises ``_Refused`` for a record that
+    breaks the contract, in the order a reader would check it (the first fault names it)."""
+    doc_key = _key(key)
+    _check_header_keys(headers)
     collection = _header(headers, COLLECTION_HEADER)
-
     if value is None:  # tombstone
         if not doc_key:
-            return Poison("a tombstone needs a key naming the document to delete", source, "no_id")
+            raise _Refused("no_id", "a tombstone needs a key naming the document to delete")
         return Delete(doc_key, _collection(collection or rules.default_collection), source)
 
-    try:
-        text_value = value.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return Poison(
-            f"the value is not valid UTF-8 ({exc.reason} at byte {exc.start})", source, "not_utf8"
-        )
-
-    body: _Body | None = None
-    if text_value.lstrip().startswith("{"):
-        try:
-            body = msgspec.json.decode(value, type=_Body)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            return Poison(
-                f"the value is not a valid document JSON object: {exc}", source, "bad_json"
-            )
-        if _depth(body.metadata) > MAX_METADATA_DEPTH:
-            return Poison(
-                f"the metadata nests deeper than {MAX_METADATA_DEPTH} levels", source, "too_deep"
-            )
-    document = _document(body, rules) if body is not None else None
-    if body is not None and document is None and body.text is msgspec.UNSET:
-        return Poison(
-            "the value has neither 'text' nor 'document': send the text, or an image or PDF "
-            'as {"document": {"type": "image_url" | "document_url", ...}}',
-            source,
-            "bad_json",
-        )
-    text = text_value if body is None else body.text or ""  # a document's text is its pages'
-    doc_id = doc_key
-    if body is not None and body.id is not None:
-        if doc_key is not None and body.id != doc_key:
-            return Poison(
-                f"the key {doc_key!r} and the value's id {body.id!r} differ", source, "bad_id"
-            )
-        doc_id = body.id
-    if not doc_id:
-        return Poison("no document id: set the record key or the value's 'id'", source, "no_id")
-    if document is None and not text.strip():
-        return Poison("the document text is empty", source, "empty_text")
-    size = len(text.encode("utf-8"))
-    if size > rules.max_text_bytes:
-        return Poison(
-            f"the text is {size} bytes, over the limit of {rules.max_text_bytes}: split the "
-            "document, or raise --ingest-max-text-bytes",
-            source,
-            "too_large",
-        )
-
-    asked_model = (
-        _header(headers, MODEL_HEADER)
-        or (body.model if body is not None else None)
-        or rules.default_model
-    )
-    try:
-        model = rules.resolve_model(asked_model)
-    except FlotillaError as exc:  # an adapter folder that cannot serve, say
-        return Poison(f"model {asked_model!r}: {exc.message}", source, "unknown_model")
-    if model is None:
-        return Poison(f"unknown model {asked_model!r}", source, "unknown_model")
+    text_value = _text_of(value)
+    body = _body(value) if text_value.lstrip().startswith("{") else None
+    text, document = _content(text_value, body, rules)
+    doc_id = _doc_id(doc_key, body)
+    _check_size(text, document, rules.max_text_bytes)
+    model = _model(headers, body, rules)
     return Upsert(
         doc_id=doc_id,
         text=text,
@@ -276,6 +218,98 @@ def _parse(
         metadata=dict(body.metadata) if body is not None else {},
         document=document,
     )
+
+
+def _key(key: bytes | None) -> str | None:
+    try:
+        return key.decode("utf-8") if key is not None else None
+    except UnicodeDecodeError:
+        raise _Refused("not_utf8", "the record key is not valid UTF-8") from None
+
+
+def _check_header_keys(headers: Sequence[tuple[str, bytes | None]]) -> None:
+    for name, _ in headers:
+        if not name.isascii() and not _encodable(name):
+            # Only a batch read raw has such a key (the client cannot decode it).
+            raise _Refused("bad_header", "a header key is not valid UTF-8")
+
+
+def _text_of(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _Refused(
+            "not_utf8", f"the value is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
+def _body(value: bytes) -> _Body:
+    """A value that looks like a JSON object, as the document object it must be."""
+    try:
+        body = msgspec.json.decode(value, type=_Body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _Refused(
+            "bad_json", f"the value is not a valid document JSON object: {exc}"
+        ) from None
+    if _depth(body.metadata) > MAX_METADATA_DEPTH:
+        raise _Refused("too_deep", f"the metadata nests deeper than {MAX_METADATA_DEPTH} levels")
+    return body
+
+
+def _content(text_value: str, body: _Body | None, rules: RecordRules) -> tuple[str, bytes | None]:
+    """The text to embed, and the OCR job's body when the value carries a document."""
+    if body is None:
+        return text_value, None  # plain text
+    document = _document(body, rules)
+    if document is None and body.text is msgspec.UNSET:
+        raise _Refused(
+            "bad_json",
+            "the value has neither 'text' nor 'document': send the text, or an image or PDF "
+            'as {"document": {"type": "image_url" | "document_url", ...}}',
+        )
+    return body.text or "", document  # a document's text is its pages'
+
+
+def _doc_id(doc_key: str | None, body: _Body | None) -> str:
+    """The document id: the key, the value's id, or both when they agree."""
+    doc_id = doc_key
+    if body is not None and body.id is not None:
+        if doc_key is not None and body.id != doc_key:
+            raise _Refused("bad_id", f"the key {doc_key!r} and the value's id {body.id!r} differ")
+        doc_id = body.id
+    if not doc_id:
+        raise _Refused("no_id", "no document id: set the record key or the value's 'id'")
+    return doc_id
+
+
+def _check_size(text: str, document: bytes | None, max_text_bytes: int) -> None:
+    if document is None and not text.strip():
+        raise _Refused("empty_text", "the document text is empty")
+    size = len(text.encode("utf-8"))
+    if size > max_text_bytes:
+        raise _Refused(
+            "too_large",
+            f"the text is {size} bytes, over the limit of {max_text_bytes}: split the "
+            "document, or raise --ingest-max-text-bytes",
+        )
+
+
+def _model(
+    headers: Sequence[tuple[str, bytes | None]], body: _Body | None, rules: RecordRules
+) -> str:
+    """The canonical name of the model asked for: by header, by the value, or the default."""
+    asked_model = (
+        _header(headers, MODEL_HEADER)
+        or (body.model if body is not None else None)
+        or rules.default_model
+    )
+    try:
+        model = rules.resolve_model(asked_model)
+    except FlotillaError as exc:  # an adapter folder that cannot serve, say
+        raise _Refused("unknown_model", f"model {asked_model!r}: {exc.message}") from None
+    if model is None:
+        raise _Refused("unknown_model", f"unknown model {asked_model!r}")
+    return model
 
 
 def _document(body: _Body, rules: RecordRules) -> bytes | None:

@@ -93,21 +93,7 @@ def split_laws(
     """
     laws = sorted(slug for slug, n in sizes.items() if n > 0)
     if eval_laws:
-        unknown = sorted(set(eval_laws) - set(sizes))
-        if unknown:
-            raise SplitError(f"unknown laws {unknown}; the laws are {sorted(sizes)}")
-        chosen = sorted(set(eval_laws) & set(laws))
-        train: tuple[str, ...] = ()
-        if not eval_only:
-            train = tuple(slug for slug in laws if slug not in chosen)
-        if not chosen:
-            raise SplitError(f"none of the laws {sorted(set(eval_laws))} has a section")
-        if not train and not eval_only:
-            raise SplitError(
-                "both sides of the split need a law with sections; to hold every named "
-                "law out for evaluation, with nothing for training, pass --eval-only"
-            )
-        return Split(train, tuple(chosen))
+        return _named_split(sizes, laws, eval_laws, eval_only=eval_only)
     if eval_only:
         if not laws:
             raise SplitError("no law has a section to evaluate on")
@@ -116,27 +102,55 @@ def split_laws(
         if not laws:
             raise SplitError("no law has a section to train on")
         return Split(tuple(laws), ())
+    return _drawn_split(sizes, laws, eval_fraction=eval_fraction, seed=seed)
+
+
+def _named_split(
+    sizes: Mapping[str, int], laws: Sequence[str], eval_laws: Sequence[str], *, eval_only: bool
+) -> Split:
+    """``eval_laws`` held out (those with sections), the other ``laws`` training."""
+    unknown = sorted(set(eval_laws) - set(sizes))
+    if unknown:
+        raise SplitError(f"unknown laws {unknown}; the laws are {sorted(sizes)}")
+    chosen = sorted(set(eval_laws) & set(laws))
+    train: tuple[str, ...] = ()
+    if not eval_only:
+        train = tuple(slug for slug in laws if slug not in chosen)
+    if not chosen:
+        raise SplitError(f"none of the laws {sorted(set(eval_laws))} has a section")
+    if not train and not eval_only:
+        raise SplitError(
+            "both sides of the split need a law with sections; to hold every named "
+            "law out for evaluation, with nothing for training, pass --eval-only"
+        )
+    return Split(train, tuple(chosen))
+
+
+def _drawn_split(
+    sizes: Mapping[str, int], laws: Sequence[str], *, eval_fraction: float, seed: int
+) -> Split:
+    """The laws, shuffled with ``seed``, each held out if that brings the held-out share
+    of sections closer to ``eval_fraction``; both sides keep at least one law."""
     if len(laws) < 2:
-        raise SplitError(f"splitting by law needs two laws with sections, found {laws}")
+        raise SplitError(f"splitting by law needs two laws with sections, found {list(laws)}")
     if not 0 < eval_fraction < 1:
         raise SplitError(f"eval_fraction must be between 0 and 1, got {eval_fraction}")
-    order = laws.copy()
+    order = list(laws)
     random.Random(seed).shuffle(order)
-    total = sum(sizes[slug] for slug in laws)
-    target = eval_fraction * total
-    chosen_set: set[str] = set()
+    target = eval_fraction * sum(sizes[slug] for slug in laws)
+    chosen: set[str] = set()
     held = 0
     for slug in order:
-        if len(chosen_set) == len(laws) - 1:
+        if len(chosen) == len(laws) - 1:
             break
         if abs(held + sizes[slug] - target) < abs(held - target):
-            chosen_set.add(slug)
+            chosen.add(slug)
             held += sizes[slug]
-    if not chosen_set:  # every law alone overshoots the target by more than it helps
-        chosen_set.add(min(order, key=lambda slug: sizes[slug]))
+    if not chosen:  # every law alone overshoots the target by more than it helps
+        chosen.add(min(order, key=lambda slug: sizes[slug]))
     return Split(
-        tuple(slug for slug in laws if slug not in chosen_set),
-        tuple(slug for slug in laws if slug in chosen_set),
+        tuple(slug for slug in laws if slug not in chosen),
+        tuple(slug for slug in laws if slug in chosen),
     )
 
 
@@ -225,6 +239,64 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+EVAL_FILES = ("corpus.jsonl", "queries.jsonl", "qrels.tsv")
+
+
+def _write_train(path: Path, pairs: Sequence[Pair], *, eval_only: bool) -> str | None:
+    """The training pairs and their hash; with ``eval_only`` none, and no file (one from
+    an earlier run is removed: split.json must describe the folder as it is)."""
+    if eval_only:
+        path.unlink(missing_ok=True)
+        return None
+    write_jsonl(
+        path,
+        (
+            {"query": p.query, "positive": p.positive, "id": p.id, "law": p.law, "kind": p.kind}
+            for p in pairs
+        ),
+    )
+    return file_sha256(path)
+
+
+def _write_retrieval_set(out: Path, held_out: RetrievalSet) -> None:
+    corpus, queries, qrels = (out / name for name in EVAL_FILES)
+    write_jsonl(
+        corpus,
+        (
+            {"id": s.id, "text": s.body, "metadata": {"law": s.law, "number": s.number}}
+            for s in held_out.corpus
+        ),
+    )
+    write_jsonl(queries, ({"id": k, "text": v} for k, v in held_out.queries.items()))
+    write_qrels(qrels, held_out.qrels)
+
+
+def _summary(
+    laws: Sequence[Law],
+    split: Split,
+    pairs: Sequence[Pair],
+    held_out: RetrievalSet,
+    *,
+    kinds: Sequence[str],
+    train_sha: str | None,
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """What split.json holds: the settings, then the laws, the pairs and the retrieval set."""
+    return settings | {
+        "train_laws": list(split.train),
+        "eval_laws": list(split.eval),
+        "unused_laws": sorted({law.slug for law in laws} - set(split.train) - set(split.eval)),
+        "train_pairs": len(pairs),
+        "pair_types": list(kinds),
+        "pairs_by_kind": {kind: sum(p.kind == kind for p in pairs) for kind in kinds},
+        "train_sha256": train_sha,
+        "corpus": len(held_out.corpus),
+        "queries": len(held_out.queries),
+        "judgements": sum(len(v) for v in held_out.qrels.values()),
+        "sections_dropped": {law.slug: law.dropped for law in laws},
+    }
+
+
 def write_sets(
     laws: Sequence[Law],
     out: Path,
@@ -254,49 +326,21 @@ def write_sets(
     )
     out.mkdir(parents=True, exist_ok=True)
     pairs = train_pairs([by_slug[slug] for slug in split.train], kinds)
-    train_file = out / "train.jsonl"
-    if eval_only:
-        train_file.unlink(missing_ok=True)
-    else:
-        write_jsonl(
-            train_file,
-            (
-                {"query": p.query, "positive": p.positive, "id": p.id, "law": p.law, "kind": p.kind}
-                for p in pairs
-            ),
-        )
+    train_sha = _write_train(out / "train.jsonl", pairs, eval_only=eval_only)
     held_out = retrieval_set([by_slug[slug] for slug in split.eval])
-    if not split.eval:  # nothing held out: no evaluation files (an earlier run's removed)
-        for name in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"):
+    if split.eval:
+        _write_retrieval_set(out, held_out)
+    else:  # nothing held out: no evaluation files (an earlier run's removed)
+        for name in EVAL_FILES:
             (out / name).unlink(missing_ok=True)
-    else:
-        write_jsonl(
-            out / "corpus.jsonl",
-            (
-                {"id": s.id, "text": s.body, "metadata": {"law": s.law, "number": s.number}}
-                for s in held_out.corpus
-            ),
-        )
-        write_jsonl(
-            out / "queries.jsonl", ({"id": k, "text": v} for k, v in held_out.queries.items())
-        )
-        write_qrels(out / "qrels.tsv", held_out.qrels)
-    summary: dict[str, Any] = {
+    settings = {
         "source": source,
         "seed": seed,
         "eval_fraction": None if eval_only else eval_fraction,
         "eval_only": eval_only,
-        "train_laws": list(split.train),
-        "eval_laws": list(split.eval),
-        "unused_laws": sorted(set(by_slug) - set(split.train) - set(split.eval)),
-        "train_pairs": len(pairs),
-        "pair_types": list(kinds),
-        "pairs_by_kind": {kind: sum(p.kind == kind for p in pairs) for kind in kinds},
-        "train_sha256": None if eval_only else file_sha256(train_file),
-        "corpus": len(held_out.corpus),
-        "queries": len(held_out.queries),
-        "judgements": sum(len(v) for v in held_out.qrels.values()),
-        "sections_dropped": {law.slug: law.dropped for law in laws},
     }
+    summary = _summary(
+        laws, split, pairs, held_out, kinds=kinds, train_sha=train_sha, settings=settings
+    )
     (out / "split.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return summary

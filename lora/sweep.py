@@ -297,6 +297,79 @@ def _from_attrs(number: int, attrs: Mapping[str, Any]) -> Trial:
     )
 
 
+def _study(storage: Path, seed: int) -> Any:
+    """The sweep's Optuna study in ``storage``, an earlier run's when there is one."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.create_study(
+        study_name="lora-sweep",
+        storage=f"sqlite:///{storage}",
+        load_if_exists=True,
+        direction="maximize",
+        sampler=optuna.samplers.TPESampler(seed=seed),
+    )
+
+
+def _earlier_trials(study: Any, budget: Budget) -> list[Trial]:
+    """The trials an earlier run recorded, what they cost charged to ``budget``."""
+    trials: list[Trial] = []
+    for frozen in study.get_trials(deepcopy=False):
+        if "state" in frozen.user_attrs:
+            done = _from_attrs(frozen.number, frozen.user_attrs)
+            trials.append(done)
+            if done.outcome is not None:
+                budget.charge(done.recipe, done.outcome)
+    return trials
+
+
+def _exhausted(
+    space: SearchSpace, budget: Budget, tried: set[Recipe], skipped_in_a_row: int
+) -> bool:
+    """Whether asking for another recipe is pointless."""
+    if (budget.estimate(cheapest(space)) or 0.0) > budget.left or skipped_in_a_row >= 20:
+        return True  # not even the cheapest recipe fits (or the sampler keeps offering misfits)
+    return len(tried) == space.size()  # every recipe of a finite space has run
+
+
+def _skip_trial(study: Any, trial: Any, recipe: Recipe, budget: Budget) -> Trial:
+    """A recipe that would not fit what is left, recorded unrun."""
+    import optuna
+
+    estimate = budget.estimate(recipe) or 0.0
+    record = Trial(trial.number, recipe, 0, "skipped")
+    record.note = f"estimated {estimate:,.0f} device-s, {budget.left:,.0f} left"
+    _finish(study, trial, record, optuna.trial.TrialState.PRUNED)
+    return record
+
+
+def _run_trial(run: Runner, study: Any, trial: Any, recipe: Recipe, budget: Budget) -> Trial:
+    """Train and score a recipe, its cost charged to ``budget`` when it ran through."""
+    import optuna
+
+    record = Trial(trial.number, recipe, 0, "done")
+    try:
+        record.outcome = run(
+            trial_name(trial.number),
+            recipe,
+            record.seed,
+            resumes=trial.user_attrs.get(RESUMES),
+        )
+    except TrialFailed as exc:
+        record.state, record.note = "failed", str(exc)
+        _finish(study, trial, record, optuna.trial.TrialState.FAIL)
+    except SweepStopped:
+        # not a result: unrecorded (no state), and first in line when it resumes,
+        # naming the trial whose work it goes on from
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        study.enqueue_trial(trial.params, user_attrs={RESUMES: trial_name(trial.number)})
+        raise
+    else:
+        budget.charge(recipe, record.outcome)
+        _finish(study, trial, record, value=record.outcome.ndcg)
+    return record
+
+
 def search(
     run: Runner,
     space: SearchSpace,
@@ -313,68 +386,30 @@ def search(
     import optuna
 
     space = space.including(first)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(
-        study_name="lora-sweep",
-        storage=f"sqlite:///{storage}",
-        load_if_exists=True,
-        direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=seed),
-    )
+    study = _study(storage, seed)
     budget = Budget(budget_device_s)
-    trials: list[Trial] = []
-    for frozen in study.get_trials(deepcopy=False):
-        if "state" in frozen.user_attrs:
-            done = _from_attrs(frozen.number, frozen.user_attrs)
-            trials.append(done)
-            if done.outcome is not None:
-                budget.charge(done.recipe, done.outcome)
+    trials = _earlier_trials(study, budget)
     if not trials:  # the defaults first, on each training set: the sets' ablation
         for pairs in space.pairs or [first.pairs]:
             study.enqueue_trial(_as_params(replace(first, pairs=pairs), space))
     tried = {t.recipe for t in trials if t.state != "skipped"}
     skipped_in_a_row = 0
     while budget.left > 0 and (max_trials <= 0 or len(trials) < max_trials):
-        if (budget.estimate(cheapest(space)) or 0.0) > budget.left or skipped_in_a_row >= 20:
-            break  # not even the cheapest recipe fits (or the sampler keeps offering misfits)
-        if len(tried) == space.size():
-            break  # every recipe of a finite space has run
+        if _exhausted(space, budget, tried, skipped_in_a_row):
+            break
         trial = study.ask()
         recipe = _suggest(trial, space)
         if recipe in tried:  # the same seed would train the same adapter: not run, not listed
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             skipped_in_a_row += 1
             continue
-        record = Trial(trial.number, recipe, 0, "done")
-        if not budget.fits(recipe):
-            estimate = budget.estimate(recipe) or 0.0
-            record.state = "skipped"
-            record.note = f"estimated {estimate:,.0f} device-s, {budget.left:,.0f} left"
-            skipped_in_a_row += 1
-            _finish(study, trial, record, optuna.trial.TrialState.PRUNED)
-        else:
+        if budget.fits(recipe):
             skipped_in_a_row = 0
-            try:
-                record.outcome = run(
-                    trial_name(trial.number),
-                    recipe,
-                    record.seed,
-                    resumes=trial.user_attrs.get(RESUMES),
-                )
-            except TrialFailed as exc:
-                record.state, record.note = "failed", str(exc)
-                _finish(study, trial, record, optuna.trial.TrialState.FAIL)
-            except SweepStopped:
-                # not a result: unrecorded (no state), and first in line when it resumes,
-                # naming the trial whose work it goes on from
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                study.enqueue_trial(trial.params, user_attrs={RESUMES: trial_name(trial.number)})
-                raise
-            else:
-                budget.charge(recipe, record.outcome)
-                _finish(study, trial, record, value=record.outcome.ndcg)
-        if record.state != "skipped":
+            record = _run_trial(run, study, trial, recipe, budget)
             tried.add(recipe)
+        else:
+            skipped_in_a_row += 1
+            record = _skip_trial(study, trial, recipe, budget)
         trials.append(record)
         if on_trial is not None:
             on_trial(record, budget)
@@ -471,6 +506,27 @@ def table(trials: Sequence[Trial], baselines: Mapping[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _coordinates(trials: Sequence[Trial]) -> tuple[list[float], list[float]]:
+    """Device-seconds and nDCG@10 of the trials that ran."""
+    outcomes = [t.outcome for t in trials if t.outcome]
+    return [o.device_s for o in outcomes], [o.ndcg for o in outcomes]
+
+
+def _draw_trials(ax: Any, done: Sequence[Trial]) -> None:
+    """Every trial that ran, numbered as in the table, and the Pareto front through them."""
+    ax.scatter(*_coordinates(done), color="tab:blue", label="trial", zorder=3)
+    ax.plot(*_coordinates(pareto(done)), color="tab:blue", alpha=0.5, label="Pareto front")
+    for t in done:
+        assert t.outcome is not None
+        ax.annotate(
+            str(t.number),
+            (t.outcome.device_s, t.outcome.ndcg),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+
+
 def plot(
     trials: Sequence[Trial],
     baselines: Mapping[str, float],
@@ -486,36 +542,11 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [t for t in trials if t.outcome is not None]
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    ax.scatter(
-        [t.outcome.device_s for t in done if t.outcome],
-        [t.outcome.ndcg for t in done if t.outcome],
-        color="tab:blue",
-        label="trial",
-        zorder=3,
-    )
-    front = pareto(done)
-    ax.plot(
-        [t.outcome.device_s for t in front if t.outcome],
-        [t.outcome.ndcg for t in front if t.outcome],
-        color="tab:blue",
-        alpha=0.5,
-        label="Pareto front",
-    )
-    for t in done:
-        assert t.outcome is not None
-        ax.annotate(
-            str(t.number),
-            (t.outcome.device_s, t.outcome.ndcg),
-            fontsize=7,
-            xytext=(3, 3),
-            textcoords="offset points",
-        )
+    _draw_trials(ax, [t for t in trials if t.outcome is not None])
     if seeds:
         ax.scatter(
-            [t.outcome.device_s for t in seeds if t.outcome],
-            [t.outcome.ndcg for t in seeds if t.outcome],
+            *_coordinates(seeds),
             color="tab:orange",
             marker="x",
             label="chosen recipe, other seeds",

@@ -274,16 +274,242 @@ def _mine(
     return mined.negatives, mined.stats
 
 
+def _step_of(checkpoint: Path) -> int:
+    return int(checkpoint.name.rsplit("-", 1)[1])
+
+
 def last_checkpoint(folder: Path) -> Path | None:
     """The newest checkpoint in ``folder`` saved whole (its counts are written last)."""
     found = [p for p in folder.glob("checkpoint-*") if (p / STATE_FILE).is_file()]
-    return max(found, key=lambda p: int(p.name.rsplit("-", 1)[1]), default=None)
+    return max(found, key=_step_of, default=None)
 
 
 def _peak_rss_bytes() -> int:
     """The process's resident-memory high-water mark (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _base_model(
+    base: BaseModelRef, device: torch.device, config: TrainConfig
+) -> tuple[Any, dict[str, str]]:
+    """The base as serving runs it: its pooling, its cut and its prompts."""
+    model = _load(base, device, config.train_attention_dropout)
+    model.max_seq_length = config.train_max_seq_tokens  # serving's cut, the tokenizer's own
+    prompts = base.prompts if base.prompts is not None else prompts_of(model)
+    return model, prompts
+
+
+def _checked_pairs(pairs_path: Path) -> list[Pair]:
+    """The pairs, refused before any loading when they cannot fill one batch."""
+    pairs = read_pairs(pairs_path)
+    if len({p.query for p in pairs}) < 2 or len({p.positive for p in pairs}) < 2:
+        raise TrainError(f"{pairs_path} yields no batch of two distinct pairs")
+    return pairs
+
+
+def _torch_device(device: Literal["cpu", "cuda"], threads: int) -> torch.device:
+    if device == "cpu" and threads > 0:
+        torch.set_num_threads(threads)
+    return torch.device(device)
+
+
+def _resume_point(
+    checkpoints: Path, key: str, *, resume: bool, stream: TextIO | None
+) -> tuple[Path | None, Counts]:
+    """The checkpoint to go on from and the counts it carries, or a fresh start."""
+    last = last_checkpoint(checkpoints) if resume else None
+    if last is None:
+        if checkpoints.exists():
+            shutil.rmtree(checkpoints)  # an earlier run's, not resumed: its steps would mix in
+        return None, Counts()
+    if (last / RUN_KEY_FILE).read_text() != key:
+        raise TrainError(
+            f"the checkpoint in {last} is of another run (data, base or settings differ); "
+            "remove it or train into another --out"
+        )
+    counts = load_counts(last)
+    if stream is not None:
+        print(f"resuming from {last}", file=stream, flush=True)
+    return last, counts
+
+
+def _arguments(
+    config: TrainConfig, checkpoints: Path, device: torch.device, *, bf16: bool, bars: bool
+) -> Any:
+    """The trainer's settings: the recipe's, plus what flotilla fixes for every run."""
+    from sentence_transformers import SentenceTransformerTrainingArguments
+    from sentence_transformers.base.sampler import BatchSamplers
+
+    every = config.train_checkpoint_steps
+    return SentenceTransformerTrainingArguments(
+        output_dir=str(checkpoints),
+        num_train_epochs=config.train_epochs,
+        max_steps=config.train_max_steps or -1,
+        per_device_train_batch_size=config.train_batch_size,
+        learning_rate=config.train_lr,
+        weight_decay=0.0,
+        warmup_steps=config.train_warmup_ratio,  # below 1: a share of the steps
+        lr_scheduler_type="linear",
+        max_grad_norm=1.0,
+        seed=config.train_seed,
+        data_seed=config.train_seed,
+        bf16=bf16,
+        use_cpu=device.type == "cpu",
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        save_strategy="steps" if every else "epoch",
+        save_steps=every or 500,
+        save_total_limit=1,
+        logging_steps=1,
+        logging_strategy="steps",
+        report_to="none",
+        disable_tqdm=not bars,
+        dataloader_num_workers=0,
+        gradient_checkpointing=config.train_activations == "recompute",
+        # non-reentrant: recomputes through peft's layers with the base's inputs frozen
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+    )
+
+
+def _step_lines(
+    config: TrainConfig, last: Path | None, *, interval_s: float, stream: TextIO
+) -> StepLines:
+    return StepLines(
+        f"LoRA r={config.lora_rank}",
+        0,  # the total is known once the trainer has its batches (set in _fit)
+        interval_s=interval_s,
+        start_step=_step_of(last) if last is not None else 0,
+        stream=stream,
+    )
+
+
+def _fit(
+    trainer: CountingTrainer,
+    model: Any,
+    counts: Counts,
+    config: TrainConfig,
+    *,
+    lines: StepLines | None,
+    last: Path | None,
+) -> tuple[int, int]:
+    """Run the trainer, from ``last`` when resuming: the steps taken, the steps per epoch."""
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.counts = counts
+    trainer.remove_callback(PrinterCallback)  # a dict per step; the step lines say it
+    per_epoch_steps = len(trainer.get_train_dataloader())
+    if lines is not None:
+        lines.total = config.train_max_steps or per_epoch_steps * config.train_epochs
+    model.train()
+    trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
+    return int(trainer.state.global_step), per_epoch_steps
+
+
+def _save_adapter(model: Any, out: Path, checkpoints: Path) -> None:
+    model.eval()
+    model[0].auto_model.save_pretrained(str(out))  # the adapter alone, peft's files
+    (out / "README.md").unlink(missing_ok=True)  # a model-card stub; the manifest says more
+    shutil.rmtree(checkpoints, ignore_errors=True)
+
+
+def _training_record(
+    config: TrainConfig,
+    pairs_path: Path,
+    *,
+    pairs: int,
+    data_sha: str,
+    steps: int,
+    per_epoch_steps: int,
+    autocast: torch.dtype | None,
+    prompts: dict[str, str],
+    mining: MiningStats | None,
+) -> TrainingRecord:
+    return TrainingRecord(
+        pairs_file=str(pairs_path),
+        pairs=pairs,
+        data_sha256=data_sha,
+        epochs=math.ceil(steps / per_epoch_steps) if steps else config.train_epochs,
+        steps=steps,
+        batch_size=config.train_batch_size,
+        lr=config.train_lr,
+        warmup_ratio=config.train_warmup_ratio,
+        max_seq_tokens=config.train_max_seq_tokens,
+        scale=config.train_scale,
+        seed=config.train_seed,
+        autocast=str(autocast).removeprefix("torch.") if autocast else "float32",
+        prompts=prompts,
+        loss=config.train_loss,
+        mini_batch_size=config.train_mini_batch_size,
+        gradient_checkpointing=config.train_activations == "recompute",
+        attention_dropout=config.train_attention_dropout,
+        negatives=mining,
+        batches=config.train_batches,
+    )
+
+
+def _train_metrics(counts: Counts) -> TrainMetrics:
+    tail = counts.losses[-max(1, len(counts.losses) // 10) :]
+    per_epoch: dict[int, list[float]] = {}
+    for epoch, loss in zip(counts.loss_epochs, counts.losses, strict=True):
+        per_epoch.setdefault(epoch, []).append(loss)
+    return TrainMetrics(
+        loss_first=counts.losses[0] if counts.losses else float("nan"),
+        loss_last=_mean(tail),
+        loss_per_epoch=[_mean(per_epoch[e]) for e in sorted(per_epoch)],
+    )
+
+
+def _measured(counts: Counts, started: tuple[float, float], device: torch.device) -> Measured:
+    """The whole run's times, throughput and memory; a resumed run's earlier part included."""
+    return Measured(
+        wall_s=counts.earlier_wall_s + time.perf_counter() - started[0],
+        train_s=counts.train_s,
+        device=device.type,
+        device_name=_device_name(device),
+        threads=torch.get_num_threads() if device.type == "cpu" else 1,
+        cpu_process_s=counts.earlier_cpu_s + time.process_time() - started[1],
+        tokens=counts.tokens,
+        padded_tokens=counts.padded_tokens,
+        tokens_per_s=counts.tokens / counts.train_s if counts.train_s else 0.0,
+        train_cpu_s=counts.train_cpu_s,
+        tokens_per_core_s=counts.tokens / counts.train_cpu_s if counts.train_cpu_s else 0.0,
+        pairs_per_s=counts.pairs / counts.train_s if counts.train_s else 0.0,
+        peak_rss_bytes=_peak_rss_bytes(),
+        peak_device_bytes=(
+            int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+        ),
+    )
+
+
+def _manifest(
+    base: BaseModelRef,
+    base_sha: str,
+    config: TrainConfig,
+    training: TrainingRecord,
+    counts: Counts,
+    started: tuple[float, float],
+    device: torch.device,
+    prices: Prices,
+) -> Manifest:
+    measured = _measured(counts, started, device)
+    return Manifest(
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        base=BaseInfo(base.name, str(base.path), base_sha),
+        adapter=AdapterShape(
+            config.lora_rank, config.lora_alpha, config.lora_dropout, list(config.lora_targets)
+        ),
+        training=training,
+        metrics=_train_metrics(counts),
+        measured=measured,
+        cost=run_cost(
+            device=measured.device,
+            device_name=measured.device_name,
+            units=measured.threads,
+            wall_s=measured.wall_s,
+            prices=prices,
+        ),
+        versions=_versions(),
+    )
 
 
 def train(
@@ -301,179 +527,51 @@ def train(
     progress_stream: TextIO | None = None,
 ) -> Manifest:
     """Train an adapter on ``pairs_path`` and write it, with its manifest, to ``out``."""
-    from sentence_transformers import SentenceTransformerTrainingArguments
-    from sentence_transformers.base.sampler import BatchSamplers
-    from transformers.trainer_callback import PrinterCallback
-
     started = (time.perf_counter(), time.process_time())
-    pairs: list[Pair] = read_pairs(pairs_path)
-    if len({p.query for p in pairs}) < 2 or len({p.positive for p in pairs}) < 2:
-        raise TrainError(f"{pairs_path} yields no batch of two distinct pairs")
+    pairs = _checked_pairs(pairs_path)
     data_sha = file_sha256(pairs_path)
-    if device == "cpu" and threads > 0:
-        torch.set_num_threads(threads)
-    torch_device = torch.device(device)
+    torch_device = _torch_device(device, threads)
     seed_everything(config.train_seed)
-    model = _load(base, torch_device, config.train_attention_dropout)
-    model.max_seq_length = config.train_max_seq_tokens  # serving's cut, the tokenizer's own
-    prompts = base.prompts if base.prompts is not None else prompts_of(model)
+    model, prompts = _base_model(base, torch_device, config)
     base_sha = weights_sha256(base.path)
     stream = progress_stream if progress_stream is not None else sys.stderr
     on_terminal = stream.isatty()
-    negatives, mining = _mine(
-        pairs,
-        model,
-        prompts,
-        config,
-        quiet=not (show_progress and on_terminal),
-        stream=stream if show_progress else None,
-    )
+    notes = stream if show_progress else None
+    bars = show_progress and on_terminal  # tqdm's bars on a terminal, plain lines elsewhere
+    negatives, mining = _mine(pairs, model, prompts, config, quiet=not bars, stream=notes)
     _add_lora(model, config)
 
     key = f"{data_sha}/{base_sha}/{config.model_dump_json()}"
     checkpoints = out / CHECKPOINT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    last = last_checkpoint(checkpoints) if resume else None
-    counts = Counts()
-    if last is not None:
-        if (last / RUN_KEY_FILE).read_text() != key:
-            raise TrainError(
-                f"the checkpoint in {last} is of another run (data, base or settings differ); "
-                "remove it or train into another --out"
-            )
-        counts = load_counts(last)
-        if show_progress:
-            print(f"resuming from {last}", file=stream, flush=True)
-    elif checkpoints.exists():
-        shutil.rmtree(checkpoints)  # an earlier run's, not resumed: its steps would mix in
+    last, counts = _resume_point(checkpoints, key, resume=resume, stream=notes)
     autocast = _autocast_dtype(config, torch_device)
-    every = config.train_checkpoint_steps
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(checkpoints),
-        num_train_epochs=config.train_epochs,
-        max_steps=config.train_max_steps or -1,
-        per_device_train_batch_size=config.train_batch_size,
-        learning_rate=config.train_lr,
-        weight_decay=0.0,
-        warmup_steps=config.train_warmup_ratio,  # below 1: a share of the steps
-        lr_scheduler_type="linear",
-        max_grad_norm=1.0,
-        seed=config.train_seed,
-        data_seed=config.train_seed,
-        bf16=autocast is not None,
-        use_cpu=torch_device.type == "cpu",
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        save_strategy="steps" if every else "epoch",
-        save_steps=every or 500,
-        save_total_limit=1,
-        logging_steps=1,
-        logging_strategy="steps",
-        report_to="none",
-        disable_tqdm=not (show_progress and on_terminal),
-        dataloader_num_workers=0,
-        gradient_checkpointing=config.train_activations == "recompute",
-        # non-reentrant: recomputes through peft's layers with the base's inputs frozen
-        gradient_checkpointing_kwargs={"use_reentrant": False},
-    )
     lines = None
     if show_progress and not on_terminal:
-        lines = StepLines(
-            f"LoRA r={config.lora_rank}",
-            0,  # the total is known once the trainer has its batches (set below)
-            interval_s=progress_interval_s,
-            start_step=int(last.name.rsplit("-", 1)[1]) if last is not None else 0,
-            stream=stream,
-        )
-    measure = Measure(counts, lines=lines, started=started, run_key=key)
+        lines = _step_lines(config, last, interval_s=progress_interval_s, stream=stream)
     trainer = CountingTrainer(
         model=model,
-        args=args,
+        args=_arguments(config, checkpoints, torch_device, bf16=autocast is not None, bars=bars),
         train_dataset=training_data(
             pairs, prompts, negatives, config.train_negatives, config.train_batches
         ),
         loss=_loss(model, config, base, torch_device),
-        callbacks=[measure],
+        callbacks=[Measure(counts, lines=lines, started=started, run_key=key)],
     )
-    trainer.counts = counts
-    trainer.remove_callback(PrinterCallback)  # a dict per step; the lines above say it
-    per_epoch_steps = len(trainer.get_train_dataloader())
-    if lines is not None:
-        lines.total = config.train_max_steps or per_epoch_steps * config.train_epochs
-    model.train()
-    trainer.train(resume_from_checkpoint=str(last) if last is not None else None)
-    steps = int(trainer.state.global_step)
+    steps, per_epoch_steps = _fit(trainer, model, counts, config, lines=lines, last=last)
+    _save_adapter(model, out, checkpoints)
 
-    model.eval()
-    model[0].auto_model.save_pretrained(str(out))  # the adapter alone, peft's files
-    (out / "README.md").unlink(missing_ok=True)  # a model-card stub; the manifest says more
-    shutil.rmtree(checkpoints, ignore_errors=True)
-    wall_s = counts.earlier_wall_s + time.perf_counter() - started[0]
-    threads_used = torch.get_num_threads() if torch_device.type == "cpu" else 1
-    device_name = _device_name(torch_device)
-    tail = counts.losses[-max(1, len(counts.losses) // 10) :]
-    per_epoch: dict[int, list[float]] = {}
-    for epoch, loss in zip(counts.loss_epochs, counts.losses, strict=True):
-        per_epoch.setdefault(epoch, []).append(loss)
-    manifest = Manifest(
-        created=datetime.now(UTC).isoformat(timespec="seconds"),
-        base=BaseInfo(base.name, str(base.path), base_sha),
-        adapter=AdapterShape(
-            config.lora_rank, config.lora_alpha, config.lora_dropout, list(config.lora_targets)
-        ),
-        training=TrainingRecord(
-            pairs_file=str(pairs_path),
-            pairs=len(pairs),
-            data_sha256=data_sha,
-            epochs=math.ceil(steps / per_epoch_steps) if steps else config.train_epochs,
-            steps=steps,
-            batch_size=config.train_batch_size,
-            lr=config.train_lr,
-            warmup_ratio=config.train_warmup_ratio,
-            max_seq_tokens=config.train_max_seq_tokens,
-            scale=config.train_scale,
-            seed=config.train_seed,
-            autocast=str(autocast).removeprefix("torch.") if autocast else "float32",
-            prompts=prompts,
-            loss=config.train_loss,
-            mini_batch_size=config.train_mini_batch_size,
-            gradient_checkpointing=config.train_activations == "recompute",
-            attention_dropout=config.train_attention_dropout,
-            negatives=mining,
-            batches=config.train_batches,
-        ),
-        metrics=TrainMetrics(
-            loss_first=counts.losses[0] if counts.losses else float("nan"),
-            loss_last=_mean(tail),
-            loss_per_epoch=[_mean(per_epoch[e]) for e in sorted(per_epoch)],
-        ),
-        measured=Measured(
-            wall_s=wall_s,
-            train_s=counts.train_s,
-            device=torch_device.type,
-            device_name=device_name,
-            threads=threads_used,
-            cpu_process_s=counts.earlier_cpu_s + time.process_time() - started[1],
-            tokens=counts.tokens,
-            padded_tokens=counts.padded_tokens,
-            tokens_per_s=counts.tokens / counts.train_s if counts.train_s else 0.0,
-            train_cpu_s=counts.train_cpu_s,
-            tokens_per_core_s=counts.tokens / counts.train_cpu_s if counts.train_cpu_s else 0.0,
-            pairs_per_s=counts.pairs / counts.train_s if counts.train_s else 0.0,
-            peak_rss_bytes=_peak_rss_bytes(),
-            peak_device_bytes=(
-                int(torch.cuda.max_memory_allocated(torch_device))
-                if torch_device.type == "cuda"
-                else None
-            ),
-        ),
-        cost=run_cost(
-            device=torch_device.type,
-            device_name=device_name,
-            units=threads_used,
-            wall_s=wall_s,
-            prices=prices,
-        ),
-        versions=_versions(),
+    training = _training_record(
+        config,
+        pairs_path,
+        pairs=len(pairs),
+        data_sha=data_sha,
+        steps=steps,
+        per_epoch_steps=per_epoch_steps,
+        autocast=autocast,
+        prompts=prompts,
+        mining=mining,
     )
+    manifest = _manifest(base, base_sha, config, training, counts, started, torch_device, prices)
     write_manifest(out, manifest)
     return manifest

@@ -275,35 +275,35 @@ def check_filter(filter: PayloadFilter | None) -> list[Condition]:
         return []
     if not isinstance(filter, Mapping):
         raise InvalidStoreRequest("filter must be a mapping of payload path to value")
-    conditions: list[Condition] = []
-    for key, value in filter.items():
-        if not isinstance(key, str) or not key:
-            raise InvalidStoreRequest(f"filter key {key!r} must be a non-empty payload path")
-        for number in value if isinstance(value, list | tuple) else (value,):
-            if isinstance(number, int) and not _INT64[0] <= number <= _INT64[1]:
-                raise InvalidStoreRequest(  # the engines match 64-bit integers only
-                    f"filter {key!r}: {number} is outside the 64-bit integer range"
-                )
-        if isinstance(value, str | bool | int):
-            conditions.append((key, value))
-        elif isinstance(value, AtLeast):
-            bound = value.value
-            if isinstance(bound, bool) or not isinstance(bound, int):
-                raise InvalidStoreRequest(f"filter {key!r}: AtLeast needs an int, got {bound!r}")
-            conditions.append((key, value))
-        elif isinstance(value, list | tuple) and value:
-            if all(isinstance(v, str) for v in value):
-                conditions.append((key, [str(v) for v in value]))
-            elif all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-                conditions.append((key, [int(v) for v in value]))
-            else:
-                raise InvalidStoreRequest(f"filter {key!r}: a list must be all str or all int")
-        else:
-            raise InvalidStoreRequest(
-                f"filter {key!r}: {value!r} ({type(value).__name__}) is not matchable;"
-                " use a str, int, bool, AtLeast(int) or a non-empty list of str or of int"
+    return [_condition(key, value) for key, value in filter.items()]
+
+
+def _condition(key: object, value: object) -> Condition:
+    """One entry of a filter, checked as every engine can match it."""
+    if not isinstance(key, str) or not key:
+        raise InvalidStoreRequest(f"filter key {key!r} must be a non-empty payload path")
+    for number in value if isinstance(value, list | tuple) else (value,):
+        if isinstance(number, int) and not _INT64[0] <= number <= _INT64[1]:
+            raise InvalidStoreRequest(  # the engines match 64-bit integers only
+                f"filter {key!r}: {number} is outside the 64-bit integer range"
             )
-    return conditions
+    if isinstance(value, str | bool | int):
+        return (key, value)
+    if isinstance(value, AtLeast):
+        bound = value.value
+        if isinstance(bound, bool) or not isinstance(bound, int):
+            raise InvalidStoreRequest(f"filter {key!r}: AtLeast needs an int, got {bound!r}")
+        return (key, value)
+    if isinstance(value, list | tuple) and value:
+        if all(isinstance(v, str) for v in value):
+            return (key, [str(v) for v in value])
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return (key, [int(v) for v in value])
+        raise InvalidStoreRequest(f"filter {key!r}: a list must be all str or all int")
+    raise InvalidStoreRequest(
+        f"filter {key!r}: {value!r} ({type(value).__name__}) is not matchable;"
+        " use a str, int, bool, AtLeast(int) or a non-empty list of str or of int"
+    )
 
 
 def check_delete_filter(filter: PayloadFilter) -> list[Condition]:

@@ -275,24 +275,9 @@ def _classify(exc: Exception, collection: str | None) -> StoreError:
             return StoreUnavailable(f"{where} unreachable: {type(source).__name__}: {source}")
         return StoreError(f"{where} sent an unreadable answer: {source}")
     if isinstance(exc, UnexpectedResponse):
-        status = exc.status_code or 0
-        detail = exc.content[:300].decode("utf-8", "replace")
-        if status == 404:
-            return CollectionNotFound(f"{where}: not found ({detail})")
-        if status in (400, 422):
-            return InvalidStoreRequest(f"{where} refused the request: {detail}")
-        if status == 429 or status >= 500:
-            return StoreUnavailable(f"{where} answered {status}: {detail}")
-        return StoreError(f"{where} answered {status}: {detail}")
+        return _classify_status(exc, where)
     if isinstance(exc, grpc.RpcError):
-        code = exc.code() if callable(getattr(exc, "code", None)) else None
-        if code in _UNAVAILABLE_GRPC:
-            return StoreUnavailable(f"{where} unavailable over gRPC: {code}")
-        if code == grpc.StatusCode.NOT_FOUND:
-            return CollectionNotFound(f"{where}: not found")
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
-            return InvalidStoreRequest(f"{where} refused the request: {exc}")
-        return StoreError(f"{where} failed over gRPC: {code}")
+        return _classify_grpc(exc, where)
     if isinstance(exc, httpx.TransportError | ConnectionError | TimeoutError):
         return StoreUnavailable(f"{where} unreachable: {type(exc).__name__}: {exc}")
     if isinstance(exc, ValueError):
@@ -301,3 +286,28 @@ def _classify(exc: Exception, collection: str | None) -> StoreError:
             return CollectionNotFound(f"{where}: {exc}")
         return InvalidStoreRequest(f"{where} refused the request: {exc}")
     return StoreError(f"{where} failed: {type(exc).__name__}: {exc}")
+
+
+def _classify_status(exc: UnexpectedResponse, where: str) -> StoreError:
+    """An HTTP answer Qdrant sent, by its status."""
+    status = exc.status_code or 0
+    detail = exc.content[:300].decode("utf-8", "replace")
+    if status == 404:
+        return CollectionNotFound(f"{where}: not found ({detail})")
+    if status in (400, 422):
+        return InvalidStoreRequest(f"{where} refused the request: {detail}")
+    if status == 429 or status >= 500:
+        return StoreUnavailable(f"{where} answered {status}: {detail}")
+    return StoreError(f"{where} answered {status}: {detail}")
+
+
+def _classify_grpc(exc: grpc.RpcError, where: str) -> StoreError:
+    """A gRPC call that failed, by its status code."""
+    code = exc.code() if callable(getattr(exc, "code", None)) else None
+    if code in _UNAVAILABLE_GRPC:
+        return StoreUnavailable(f"{where} unavailable over gRPC: {code}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return CollectionNotFound(f"{where}: not found")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidStoreRequest(f"{where} refused the request: {exc}")
+    return StoreError(f"{where} failed over gRPC: {code}")
