@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from embedder.core.jobs import Task
 from embedder.importers import default_cache_dir
@@ -153,9 +154,40 @@ def onnx_export(spec: EncoderSpec, root: Path | None = None) -> Artifact:
 def _export(spec: EncoderSpec, cross: bool, out: Path) -> dict[str, object]:
     """Trace the model as the torch runtime loads it, with eager attention (the one form
     ONNX Runtime's attention fusion recognises), through the TorchScript exporter."""
+    graph, tokenizer, config, dimension, max_tokens = _traceable(spec, cross)
+    _trace(graph, tokenizer, out / GRAPH_FILE)
+    tokenizer.save_pretrained(str(out / TOKENIZER_DIR))
+    return {
+        "kind": "cross-encoder" if cross else "bi-encoder",
+        "dimension": dimension,
+        "max_tokens": max_tokens,
+        "model_type": getattr(config, "model_type", None),
+        "num_attention_heads": getattr(config, "num_attention_heads", None),
+        "hidden_size": getattr(config, "hidden_size", None),
+    }
+
+
+def _traceable(spec: EncoderSpec, cross: bool) -> tuple[Any, Any, object, int | None, int]:
+    """(graph module, tokenizer, model config, dimension, max tokens) as the torch runtime
+    loads the model on the CPU, wrapped to take positional tensors."""
     import torch
 
     from embedder.tasks.embed.runtimes.torch_st import _bi_encoder, _cross_encoder
+
+    pooled, logits = _wrappers()
+    cpu = torch.device("cpu")
+    kwargs: dict[str, object] = {"attn_implementation": "eager"}
+    if cross:
+        model, tokenizer, max_tokens = _cross_encoder(spec, cpu, kwargs)
+        return logits(model), tokenizer, getattr(model, "config", None), None, max_tokens
+    module, tokenizer, dimension, max_tokens = _bi_encoder(spec, cpu, kwargs)
+    config = getattr(next(iter(module.children())).auto_model, "config", None)
+    return pooled(module), tokenizer, config, dimension, max_tokens
+
+
+def _wrappers() -> tuple[Any, Any]:
+    """The two modules tracing takes (torch is imported only where a graph is built)."""
+    import torch
 
     class Pooled(torch.nn.Module):
         """A sentence-transformers stack called with positional tensors, as tracing wants."""
@@ -183,18 +215,13 @@ def _export(spec: EncoderSpec, cross: bool, out: Path) -> dict[str, object]:
             logits: torch.Tensor = self.model(**features).logits
             return logits
 
-    cpu = torch.device("cpu")
-    kwargs: dict[str, object] = {"attn_implementation": "eager"}
-    graph: torch.nn.Module
-    config: object
-    if cross:
-        model, tokenizer, max_tokens = _cross_encoder(spec, cpu, kwargs)
-        graph, config, dimension = Logits(model), getattr(model, "config", None), None
-    else:
-        module, tokenizer, dimension, max_tokens = _bi_encoder(spec, cpu, kwargs)
-        graph = Pooled(module)
-        config = getattr(next(iter(module.children())).auto_model, "config", None)
-    sample = tokenizer(  # type: ignore[operator]
+    return Pooled, Logits
+
+
+def _trace(graph: Any, tokenizer: Any, path: Path) -> None:
+    import torch
+
+    sample = tokenizer(
         ["a short text", "a somewhat longer text, so that the batch is padded"],
         padding=True,
         return_tensors="pt",
@@ -209,19 +236,10 @@ def _export(spec: EncoderSpec, cross: bool, out: Path) -> dict[str, object]:
         torch.onnx.export(
             graph.eval(),
             tuple(sample[name] for name in INPUT_NAMES),
-            str(out / GRAPH_FILE),
+            str(path),
             input_names=list(INPUT_NAMES),
             output_names=["output"],
             dynamic_axes={**axes, "output": {0: "batch"}},
             opset_version=OPSET,
             dynamo=False,
         )
-    tokenizer.save_pretrained(str(out / TOKENIZER_DIR))  # type: ignore[attr-defined]
-    return {
-        "kind": "cross-encoder" if cross else "bi-encoder",
-        "dimension": dimension,
-        "max_tokens": max_tokens,
-        "model_type": getattr(config, "model_type", None),
-        "num_attention_heads": getattr(config, "num_attention_heads", None),
-        "hidden_size": getattr(config, "hidden_size", None),
-    }
