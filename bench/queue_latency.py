@@ -4,9 +4,9 @@ Both stacks run the same emulated device (the model's real tokenizer, a forward 
 costs nothing) on the fleet's default model, so what differs is the path a request
 takes: ``flotilla serve`` (HTTP, the in-process queue, the worker in one process)
 against ``flotilla gateway --nats`` and ``flotilla worker --nats`` over a real
-``nats-server`` with JetStream (the test server from ``tests/nats``). One client sends
-``--requests`` single-text requests one after another to each, the two alternating in
-rounds, and the benchmark reports p50/p90/p99 of each and the difference: what the
+``nats-server`` with JetStream (started for the run, ``bench.services.nats``). One client
+sends ``--requests`` single-text requests one after another to each, the two alternating
+in rounds, and the benchmark reports p50/p90/p99 of each and the difference: what the
 shared queue adds to one request.
 
     flotilla bench queue-latency [--requests 400] [--rounds 4]
@@ -88,7 +88,7 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], model: str) ->
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from tests.nats.server import NatsServer  # the test server, as bench.ingest uses Kafka's
+    from bench.services.nats import NatsServer
 
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -28,7 +28,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "gateway": frozenset({"embedder", "ingest"}),
     "lora": frozenset({"embedder", "ingest"}),
     "flotilla": frozenset({"embedder", "ingest", "gateway", "lora"}),
-    "bench": frozenset({"embedder", "ingest", "gateway", "lora", "flotilla", "tests"}),
+    "bench": frozenset({"embedder", "ingest", "gateway", "lora", "flotilla"}),
 }
 # The worker side of embedder: the gateway reaches it only through the queue.
 WORKER_SIDE = ("embedder.worker", "embedder.host", "embedder.execute", "embedder.runtimes")

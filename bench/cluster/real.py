@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flotilla-cr-")))
         broker = None
         if args.nats is None:
-            from tests.nats.server import NatsServer
+            from bench.services.nats import NatsServer
 
             broker = NatsServer()
             stack.callback(broker.stop)  # after the processes using it have stopped

@@ -11,6 +11,7 @@ import time
 
 import orjson
 
+from bench.services.nats import NatsServer
 from embedder.generation.engine import GenerationEngine
 from embedder.generation.runtime import GenerationRuntime
 from embedder.jobs import ApiShape, EmbedJob, JobResult
@@ -22,7 +23,6 @@ from embedder.turns import DeviceTurns
 from tests.distributed.helpers import bounded
 from tests.embedder.generation.conftest import tiny_spec
 from tests.kafka.fixtures import unique_name
-from tests.nats.server import NatsServer
 
 
 def completion(stream: bool, max_tokens: int = 12) -> EmbedJob:
