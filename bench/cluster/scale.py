@@ -40,7 +40,6 @@ from typing import Any
 import aiohttp
 
 from bench import report
-from bench.cluster import scale_report
 from bench.cluster.emulation import (
     DEVICES,
     Device,
@@ -63,6 +62,7 @@ from bench.cluster.scale_load import (
     cluster_rate,
     open_loop,
 )
+from bench.cluster.scale_report import line, plot, summarize, tables
 from bench.cluster.scale_stacks import (
     PULL_STACKS,
     Devices,
@@ -174,7 +174,7 @@ async def run_side(
                     rate=rate,
                 )
                 runs.append(run)
-                print(scale_report.line(run), flush=True)
+                print(line(run), flush=True)
             if router is not None:
                 router.stop()
     return runs
@@ -360,14 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = json.loads(args.summarize.read_text(encoding="utf-8"))
     else:
         data = run(args)
-    data["summary"] = scale_report.summarize(data, args.p99_ms)
+    data["summary"] = summarize(data, args.p99_ms)
     print()
-    print(scale_report.tables(data))
+    print(tables(data))
     out_dir = args.out_dir or report.results_dir()
     path = out_dir / f"{args.out}.json"
     path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
     png = out_dir / f"{args.out}.png"
-    scale_report.plot(data, png)
+    plot(data, png)
     print(f"\nwrote {path} and {png}")
     return 0
 
