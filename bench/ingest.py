@@ -41,6 +41,7 @@ from embedder.codecs import RequestLimits
 from embedder.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from ingest.dead_letters import dlq_topic
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
@@ -88,11 +89,12 @@ async def _topic(bootstrap: str, name: str, partitions: int, docs: list[str]) ->
 
 
 async def _drop_topic(bootstrap: str, name: str) -> None:
-    # A given cluster outlives the run: leave no benchmark topics behind in it.
+    # A given cluster outlives the run: leave no benchmark topics behind in it, nor the
+    # dead-letter topic the source made for it.
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.delete_topics([name])
+        await admin.delete_topics([name, dlq_topic(name)])
     finally:
         await admin.close()
 
