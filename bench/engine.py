@@ -48,8 +48,10 @@ from bench.candidates import (
     tuned_candidate,
     with_profile,
 )
-from embedder.fleet import DeviceKind, ModelSpec, Profile, load_fleet
-from embedder.runtimes import Runtime, load_runtime
+from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.tasks.embed.spec import EncoderProfile
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.embed.runtimes import Runtime, load_runtime
 
 Vectors = NDArray[np.float32]
 REFERENCE = "st-fp32"
@@ -108,7 +110,7 @@ def candidate_methods(
     """Every runtime x precision (from the registries), the ``--profile`` file and the
     tuned profile, each loaded; one that refuses to load is skipped with its reason. A
     candidate that loads as the default's (runtime, dtype) is marked ``= flotilla``."""
-    from embedder.runtimes import RUNTIMES
+    from embedder.tasks.embed.runtimes import RUNTIMES
 
     candidates = runtime_candidates(spec, device, RUNTIMES, only=args.runtimes)
     if args.profile is not None:
@@ -155,8 +157,8 @@ def padded_tokens_st(lengths: Sequence[int], text_lengths: Sequence[int], batch_
     return total
 
 
-def padded_tokens_flotilla(lengths: Sequence[int], profile: Profile) -> int:
-    from embedder.batching import micro_batches
+def padded_tokens_flotilla(lengths: Sequence[int], profile: EncoderProfile) -> int:
+    from embedder.tasks.embed.batching import micro_batches
 
     passes = micro_batches(lengths, profile.forward_tokens, profile.forward_max_sequences)
     return sum(len(rows) * max(lengths[i] for i in rows) for rows in passes)
@@ -300,7 +302,7 @@ def make_methods(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from embedder.runtimes.torch_st import cpu_has_bf16
+    from embedder.tasks.embed.runtimes.torch_st import cpu_has_bf16
 
     device: DeviceKind = args.device
     profile, path = spec.profile(device), str(spec.source.resolve())
@@ -334,7 +336,7 @@ def make_methods(
     return methods, [st_bf16, *rows_of], skipped, runtime
 
 
-def cut(corpus: texts.Corpus, runtime: Runtime, profile: Profile, args: argparse.Namespace) -> Work:
+def cut(corpus: texts.Corpus, runtime: Runtime, profile: EncoderProfile, args: argparse.Namespace) -> Work:
     """The corpus in chunks of ``--chunk`` texts, its tokens and what each side pads."""
     max_tokens = runtime.info.max_tokens
     chunks = [corpus.texts[i : i + args.chunk] for i in range(0, len(corpus.texts), args.chunk)]

@@ -37,8 +37,8 @@ from bench import texts
 from bench.report import machine, median, results_dir, table, write_json
 from bench.services.kafka.broker import KafkaBroker
 from bench.services.kafka.jars import KafkaSetupError
-from embedder.codecs import RequestLimits
-from embedder.fleet import load_fleet
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from ingest.dead_letters import dlq_topic

@@ -29,8 +29,8 @@ from bench import report
 from bench.cluster.cost_model import MODEL, RESULT, load_cost, padded_tokens
 
 if TYPE_CHECKING:
-    from embedder.fleet import Profile
-    from embedder.runtimes import Encoded, Runtime
+    from embedder.tasks.embed.spec import EncoderProfile
+    from embedder.tasks.embed.runtimes import Encoded, Runtime
 
 # Batch sizes to time, in tokens: from one short input to a full cpu batch (8192).
 TARGET_TOKENS = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
@@ -126,12 +126,12 @@ def measure(
 
 def _load(
     n_texts: int, threads: int, seed: int, dtype: str | None
-) -> tuple[Profile, Runtime, Encoded]:
+) -> tuple[EncoderProfile, Runtime, Encoded]:
     """The model's cpu profile, its runtime and the corpus tokenized by it."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from bench import texts
-    from embedder.fleet import load_fleet
-    from embedder.runtimes import load_runtime
+    from embedder.tasks.fleet import load_fleet
+    from embedder.tasks.embed.runtimes import load_runtime
 
     spec = load_fleet().get(MODEL)
     if dtype is not None:  # the cpu profile says "auto", which a busy machine can mislead
@@ -143,7 +143,7 @@ def _load(
 
 
 def _subset(encoded: Encoded, rows: list[int]) -> Encoded:
-    from embedder.runtimes import Encoded
+    from embedder.tasks.embed.runtimes import Encoded
 
     types = encoded.type_ids
     return Encoded(
@@ -179,7 +179,7 @@ def _points(
     batches: Sequence[Encoded],
     seconds: Sequence[list[float]],
     others: Sequence[list[float]],
-    profile: Profile,
+    profile: EncoderProfile,
 ) -> list[dict[str, Any]]:
     points: list[dict[str, Any]] = []
     window = (profile.forward_tokens, profile.forward_max_sequences)
@@ -203,7 +203,7 @@ def _points(
     return points
 
 
-def _fit(points: list[dict[str, Any]], profile: Profile) -> dict[str, Any]:
+def _fit(points: list[dict[str, Any]], profile: EncoderProfile) -> dict[str, Any]:
     """The line through the points; each point gets its fitted time and relative error."""
     # The fastest of the repetitions: other tenants of a shared machine only ever slow a
     # run down, so the minimum is the least disturbed estimate of the batch's own cost.

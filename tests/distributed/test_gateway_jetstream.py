@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from bench.services.nats import NatsServer
-from embedder.fleet import load_fleet
-from embedder.jobs import ModelState
+from embedder.tasks.fleet import load_fleet
+from embedder.core.jobs import ModelState
 from embedder.queue.jetstream.liveness import WorkerLiveness
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.settings import Settings

@@ -11,8 +11,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from embedder.device import fingerprint
-from embedder.fleet import load_fleet
+from embedder.core.device import fingerprint
+from embedder.tasks.fleet import load_fleet
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tuned import load_tuned
 from flotilla.cli import app

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from bench.services.kafka.broker import KafkaBroker
-from embedder.fleet import load_fleet
+from embedder.tasks.fleet import load_fleet
 from ingest.store import Point, chunk_point_id
 from ingest.store.qdrant import QdrantStore
 from tests.distributed.cluster import Process

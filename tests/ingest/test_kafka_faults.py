@@ -23,8 +23,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from bench.services.kafka.broker import KafkaBroker
-from embedder.codecs import RequestLimits
-from embedder.fleet import load_fleet
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.serve import build_app
