@@ -18,10 +18,11 @@ $(STAMP): pyproject.toml flotilla/__init__.py
 	  | xargs $(BIN)/pip install --quiet --no-deps
 	touch $(STAMP)
 
-# The Kafka broker the tests start (tests/kafka/): its jars, pinned in tests/kafka/pom.xml,
-# come from Maven Central once (Java 17 + Maven) into ~/.cache/flotilla; later runs reuse them.
+# The Kafka broker the tests and `bench ingest` start (bench/services/kafka/): its jars, pinned
+# in bench/services/kafka/pom.xml, come from Maven Central once (Java 17 + Maven) into
+# ~/.cache/flotilla; later runs reuse them.
 kafka-jars: install
-	$(BIN)/python -m tests.kafka.jars
+	$(BIN)/python -m bench.services.kafka.jars
 
 # The fonts the OCR page set is drawn with (bench/ocr_data/fonts.py): pinned Debian font
 # packages, fetched once with apt-get download into ~/.cache/flotilla/fonts; later runs reuse them.

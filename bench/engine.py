@@ -19,7 +19,8 @@ every method. The texts are cut into chunks; every repetition runs every
 chunk through every method, rotating the order per chunk, so a slow spell of
 a shared machine hits all methods alike. Reported: the median over
 repetitions of tokens/s, and the median of per-chunk paired speed-ups against
-ST. Accuracy: cosine of each method's normalized vectors to ST's fp32 vectors.
+ST. Accuracy: cosine of each method's normalized vectors to ST's fp32 vectors. The
+verdict, the printed summary and the chart: ``bench.engine_report``.
 
     python -m bench.engine [--n-texts 800] [--reps 3] [--threads N] [--device cuda]
 """
@@ -39,7 +40,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from bench import report, texts
+from bench import engine_report, report, texts
 from bench.candidates import (
     load_each,
     profile_candidate,
@@ -53,8 +54,6 @@ from embedder.tasks.embed.spec import EncoderProfile, EncoderSpec
 from embedder.tasks.fleet import load_fleet
 
 Vectors = NDArray[np.float32]
-TARGET_SPEEDUP = 2.0
-TARGET_COSINE = 0.999
 REFERENCE = "st-fp32"
 QUIET = 0.10  # a sample is quiet when other processes used at most this share of the CPU
 
@@ -219,34 +218,6 @@ def measure(
     return Samples(seconds, others, {k: np.concatenate(v) for k, v in outputs.items()})
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [str(r["method"]) + (f"\n(= {r['same_as']})" if r["same_as"] else "") for r in rows]
-    values = [float(r["tokens_per_s"]) for r in rows]
-    colors = ["#888888" if str(r["method"]).startswith("st") else "#1f77b4" for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    bars = ax.bar(labels, values, color=colors)
-    for bar, row in zip(bars, rows, strict=True):
-        ax.annotate(
-            f"{float(row['tokens_per_s']):,.0f}\n×{float(row['speedup_vs_st']):.2f}",
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            ha="center",
-            va="bottom",
-            fontsize=9,
-        )
-    ax.set_ylabel("real tokens/s (padding excluded)")
-    ax.set_title(title, fontsize=10)
-    ax.set_ylim(0, max(values) * 1.25)
-    ax.tick_params(axis="x", labelsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.engine",
@@ -301,20 +272,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("embedder").setLevel(logging.INFO)  # the dtype choice at load
-    import torch
-    from sentence_transformers import SentenceTransformer
+@dataclass
+class Work:
+    """The corpus cut into chunks, counted the one way every method is measured by."""
 
-    from embedder.tasks.embed.runtimes.torch_st import cpu_has_bf16
+    chunks: list[list[str]]
+    tokens: int  # real tokens after truncation, padding excluded
+    padding: dict[str, float]  # the padded tokens ST.encode and flotilla run, and overheads
+    stats: dict[str, float]  # the lengths before truncation
 
-    torch.set_num_threads(args.threads)
-    device: DeviceKind = args.device
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device")
+
+def measured_spec(args: argparse.Namespace) -> EncoderSpec:
+    """The fleet's default model, its device profile overridden by the command line."""
     fleet = load_fleet()
     spec = entry_as(fleet.get(fleet.default_model), EncoderSpec)
     knobs: dict[str, object] = {}
@@ -322,19 +291,28 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         knobs["forward_tokens"] = args.forward_tokens
     if args.forward_max_sequences is not None:
         knobs["forward_max_sequences"] = args.forward_max_sequences
-    spec = with_profile(spec, device, **knobs) if knobs else spec
-    profile = spec.profile(device)
-    path = str(spec.source.resolve())
+    return with_profile(spec, args.device, **knobs) if knobs else spec
 
-    corpus = texts.build(args.n_texts, args.seed)
-    warmup = texts.build(args.warmup_texts, args.seed + 7).texts
 
+def make_methods(
+    spec: EncoderSpec, args: argparse.Namespace
+) -> tuple[list[Method], list[Method], list[tuple[str, str]], Runtime]:
+    """ST.encode and flotilla's default (the two the verdict compares), the ablation rows,
+    the rows that did not load with their reasons, and flotilla's default runtime."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from embedder.tasks.embed.runtimes.torch_st import cpu_has_bf16
+
+    device: DeviceKind = args.device
+    profile, path = spec.profile(device), str(spec.source.resolve())
     print(f"loading {spec.name} from {path} ({args.threads} threads)")
     st = SentenceTransformer(path, device=device)
     runtime = load_runtime(spec, device, args.threads)
-    max_tokens = runtime.info.max_tokens
-    if st.max_seq_length != max_tokens:
-        raise SystemExit(f"ST truncates at {st.max_seq_length}, flotilla at {max_tokens}")
+    if st.max_seq_length != runtime.info.max_tokens:
+        raise SystemExit(
+            f"ST truncates at {st.max_seq_length}, flotilla at {runtime.info.max_tokens}"
+        )
     default_dtype = runtime.info.dtype
     auto = profile.dtype == "auto"
     if device == "cpu" and auto and _precision(default_dtype) == "float32" and cpu_has_bf16():
@@ -345,44 +323,55 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "flotilla", f"flotilla default profile ({profile.runtime}, {default_dtype})", runtime
         ),
     ]
-    ablations: list[Method] = []
-    skipped_rows: list[tuple[str, str]] = []
-    if not args.no_ablation:
-        ablations.append(
-            st_method(
-                "st-bf16",
-                "ST.encode, model cast to bf16 (the in-process ceiling)",
-                SentenceTransformer(path, device=device).to(torch.bfloat16),
-                args.batch_size,
-                "bfloat16",
-            )
-        )
-        rows_of, skipped_rows = candidate_methods(
-            spec, device, args, (profile.runtime, default_dtype)
-        )
-        ablations += rows_of
-    torch.set_num_threads(args.threads)  # loading may have changed it
-    run = [m for m in (*methods, *ablations) if m.same_as is None]
+    if args.no_ablation:
+        return methods, [], [], runtime
+    st_bf16 = st_method(
+        "st-bf16",
+        "ST.encode, model cast to bf16 (the in-process ceiling)",
+        SentenceTransformer(path, device=device).to(torch.bfloat16),
+        args.batch_size,
+        "bfloat16",
+    )
+    rows_of, skipped = candidate_methods(spec, device, args, (profile.runtime, default_dtype))
+    return methods, [st_bf16, *rows_of], skipped, runtime
 
+
+def cut(
+    corpus: texts.Corpus, runtime: Runtime, profile: EncoderProfile, args: argparse.Namespace
+) -> Work:
+    """The corpus in chunks of ``--chunk`` texts, its tokens and what each side pads."""
+    max_tokens = runtime.info.max_tokens
     chunks = [corpus.texts[i : i + args.chunk] for i in range(0, len(corpus.texts), args.chunk)]
     chunk_lengths = [
         [min(n, max_tokens) for n in runtime.tokenize(c, "right").full_lengths] for c in chunks
     ]
-    lengths = [n for c in chunk_lengths for n in c]
-    tokens = sum(lengths)
+    tokens = sum(n for c in chunk_lengths for n in c)
     assert tokens == sum(corpus.truncated_lengths(max_tokens))
     padded_st = sum(
         padded_tokens_st(ls, [len(t) for t in c], args.batch_size)
         for ls, c in zip(chunk_lengths, chunks, strict=True)
     )
     padded_fl = sum(padded_tokens_flotilla(ls, profile) for ls in chunk_lengths)
+    padding = {
+        "st_padded_tokens": padded_st,
+        "flotilla_padded_tokens": padded_fl,
+        "st_padding_overhead": padded_st / tokens - 1,
+        "flotilla_padding_overhead": padded_fl / tokens - 1,
+    }
     stats = texts.describe(corpus.lengths)
     print(
         f"{len(corpus.texts)} texts, {tokens:,} tokens after truncation to {max_tokens} "
         f"(lengths before: min {stats['min']:.0f}, p50 {stats['p50']:.0f}, "
         f"max {stats['max']:.0f}); {len(chunks)} chunks of {args.chunk}"
     )
+    return Work(chunks, tokens, padding, stats)
 
+
+def warm_and_measure(
+    run: Sequence[Method], warmup: Sequence[str], work: Work, args: argparse.Namespace
+) -> tuple[Samples, dict[str, float]]:
+    """Every method warmed up on other texts (its phase clocks reset after), then measured;
+    also the machine's CPU use meanwhile."""
     print(f"warming up on {len(warmup)} other texts")
     for method in run:
         method.encode(warmup)
@@ -391,8 +380,15 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             method.phases[phase] = 0.0
     print(f"measuring {args.reps} repetitions, methods alternating per chunk")
     meter = report.CpuMeter()
-    samples = measure(run, chunks, args.reps, args.wait_quiet_s)
-    cpu = meter.result()
+    samples = measure(run, work.chunks, args.reps, args.wait_quiet_s)
+    return samples, meter.result()
+
+
+def method_rows(
+    methods: Sequence[Method], run: Sequence[Method], samples: Samples, tokens: int
+) -> list[dict[str, Any]]:
+    """One row per method: its rates, paired speed-ups against ST, cosines to ST's fp32
+    vectors and the share of its time spent tokenizing."""
 
     def rates(key: str) -> list[float]:
         return [tokens / sum(rep) for rep in samples.seconds[key]]
@@ -400,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     reference = samples.vectors[REFERENCE]
     st_rate = report.median(rates(REFERENCE))
     rows: list[dict[str, Any]] = []
-    for method in (*methods, *ablations):
+    for method in methods:
         key = method.same_as or method.key
         seconds = samples.seconds[key]
         best = tokens / sum(min(chunk) for chunk in zip(*seconds, strict=True))
@@ -432,30 +428,29 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 ),
             }
         )
+    return rows
 
-    padding = {
-        "st_padded_tokens": padded_st,
-        "flotilla_padded_tokens": padded_fl,
-        "st_padding_overhead": padded_st / tokens - 1,
-        "flotilla_padding_overhead": padded_fl / tokens - 1,
-    }
-    main_row = rows[1]
-    # On a shared machine the paired per-chunk ratio is the robust statistic: the two
-    # methods ran back to back on the same texts. Quiet pairs are preferred when there
-    # are enough of them.
-    use_quiet = main_row["quiet_pairs"] >= max(3, main_row["pairs"] // 4)
-    judged = main_row["quiet_paired_speedup_median" if use_quiet else "paired_speedup_median"]
-    verdict = {
-        "speedup_ratio_of_medians": main_row["speedup_vs_st"],
-        "speedup_paired_median": main_row["paired_speedup_median"],
-        "speedup_quiet_paired_median": main_row["quiet_paired_speedup_median"],
-        "speedup_best_of": main_row["tokens_per_s_best"] / rows[0]["tokens_per_s_best"],
-        "speedup_judged": judged,
-        "judged_on": f"{'quiet ' if use_quiet else ''}paired per-chunk median",
-        "worst_cosine": main_row["worst_cosine"],
-        "meets_speedup": judged >= TARGET_SPEEDUP,
-        "meets_cosine": main_row["worst_cosine"] >= TARGET_COSINE,
-    }
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("embedder").setLevel(logging.INFO)  # the dtype choice at load
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    spec = measured_spec(args)
+    profile = spec.profile(args.device)
+    corpus = texts.build(args.n_texts, args.seed)
+    warmup = texts.build(args.warmup_texts, args.seed + 7).texts
+    methods, ablations, skipped_rows, runtime = make_methods(spec, args)
+    torch.set_num_threads(args.threads)  # loading may have changed it
+    run = [m for m in (*methods, *ablations) if m.same_as is None]
+    work = cut(corpus, runtime, profile, args)
+    samples, cpu = warm_and_measure(run, warmup, work, args)
+    rows = method_rows([*methods, *ablations], run, samples, work.tokens)
     result: dict[str, Any] = {
         "benchmark": "engine",
         "model": spec.name,
@@ -464,80 +459,23 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "profile": profile.model_dump(),
         "corpus": {
             "texts": len(corpus.texts),
-            "tokens": tokens,
-            "max_tokens": max_tokens,
-            "lengths_before_truncation": stats,
-            "chunks": len(chunks),
+            "tokens": work.tokens,
+            "max_tokens": runtime.info.max_tokens,
+            "lengths_before_truncation": work.stats,
+            "chunks": len(work.chunks),
         },
-        "padding": padding,
+        "padding": work.padding,
         "cpu_during_measurement": cpu,
         "rows": rows,
         "skipped_rows": [{"method": key, "reason": reason} for key, reason in skipped_rows],
-        "verdict": verdict,
+        "verdict": engine_report.verdict(rows),
     }
-
-    print()
-    print(
-        report.table(
-            [
-                "method",
-                "dtype",
-                "tokens/s",
-                "x ST",
-                "paired x ST",
-                "quiet pairs",
-                "best tok/s",
-                "worst cos",
-                "mean cos",
-                "tokenize %",
-            ],
-            [
-                [
-                    r["method"] + (f" (= {r['same_as']})" if r["same_as"] else ""),
-                    r["dtype"].replace(" (float32 weights)", ""),
-                    r["tokens_per_s"],
-                    r["speedup_vs_st"],
-                    r["paired_speedup_median"],
-                    f"{r['quiet_paired_speedup_median']:.2f} ({r['quiet_pairs']}/{r['pairs']})"
-                    if r["quiet_pairs"]
-                    else "-",
-                    r["tokens_per_s_best"],
-                    r["worst_cosine"],
-                    r["mean_cosine"],
-                    "-" if r["tokenize_share"] is None else f"{100 * r['tokenize_share']:.1f}",
-                ]
-                for r in rows
-            ],
-        )
-    )
-    print(
-        f"\npadding overhead: ST.encode {100 * padding['st_padding_overhead']:.1f}%, "
-        f"flotilla {100 * padding['flotilla_padding_overhead']:.1f}% "
-        f"(forward_tokens {profile.forward_tokens}, "
-        f"forward_max_sequences {profile.forward_max_sequences})"
-    )
-    print(
-        f"CPU during the measurement: {100 * cpu.get('ours_share', 0):.0f}% ours, "
-        f"{100 * cpu.get('others_share', 0):.0f}% other processes on this machine"
-    )
-    print(
-        f"flotilla / ST.encode: ratio of medians {verdict['speedup_ratio_of_medians']:.2f}x, "
-        f"paired per chunk {verdict['speedup_paired_median']:.2f}x, best-of "
-        f"{verdict['speedup_best_of']:.2f}x; judged ({verdict['judged_on']}) "
-        f"{verdict['speedup_judged']:.2f}x vs target {TARGET_SPEEDUP}x: "
-        f"{'met' if verdict['meets_speedup'] else 'MISSED'}; worst cosine "
-        f"{verdict['worst_cosine']:.5f} vs {TARGET_COSINE}: "
-        f"{'met' if verdict['meets_cosine'] else 'MISSED'}"
-    )
+    engine_report.print_summary(result)
     json_path = report.write_json(f"{args.out}.json", result)
     png_path = report.results_dir() / f"{args.out}.png"
-    machine = result["machine"]
-    plot(
-        rows,
-        str(png_path),
-        f"{spec.name}, {len(corpus.texts)} mixed texts, {tokens:,} tokens; "
-        f"{machine['cpu']}, {args.threads} threads",
-    )
+    title = f"{spec.name}, {len(corpus.texts)} mixed texts, {work.tokens:,} tokens; "
+    title += f"{result['machine']['cpu']}, {args.threads} threads"
+    engine_report.plot(rows, str(png_path), title)
     print(f"wrote {json_path} and {png_path}")
     return result
 

@@ -5,23 +5,28 @@ Side by side in one process, on the same texts (bench.texts, mixed lengths):
 - ceiling: every document embedded through the worker exactly as ingest does it
   (one RAW_VECTORS job per document through the in-process queue), nothing else;
 - ingest: the documents on a real 4-partition Kafka topic (a local Apache Kafka
-  started for the run), consumed by KafkaSource -> IngestCore -> the embedded
-  store (qdrant-edge), timed from start until every record is committed.
+  started for the run, or the one --bootstrap-servers names), consumed by KafkaSource
+  -> IngestCore -> the embedded store (qdrant-edge), timed from start until every
+  record is committed.
 
 Reports docs/s and tokens/s of both and the ratio ingest/ceiling (target >= 0.9),
 alternating the two a few times and taking medians.
 
-    python -m bench.ingest [--n-docs 2000] [--reps 2]
+    flotilla bench ingest [--n-docs 2000] [--reps 2] [--bootstrap-servers HOST:PORT]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +35,37 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench import texts
 from bench.report import machine, median, results_dir, table, write_json
+from bench.services.kafka.broker import KafkaBroker
+from bench.services.kafka.jars import KafkaSetupError
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.fleet import load_fleet
+from ingest.dead_letters import dlq_topic
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
 from ingest.records import RecordRules
 from ingest.store.edge import EdgeStore
-from tests.kafka.broker import KafkaBroker
 
 MODEL = "all-minilm-l6-v2"
+NO_KAFKA = """bench ingest needs a Kafka broker: give a running one with --bootstrap-servers \
+HOST:PORT, or let the benchmark start a local one, which needs Java 17+ and the broker's \
+jars (fetched once with Maven: `python -m bench.services.kafka.jars`). Starting the local \
+broker failed:
+"""
+
+
+@contextlib.contextmanager
+def kafka(bootstrap: str | None) -> Iterator[str]:
+    """The bootstrap address to ingest from: the one given, else that of a broker started
+    for the run and stopped after it."""
+    if bootstrap:
+        yield bootstrap
+        return
+    with KafkaBroker() as broker:
+        yield broker.bootstrap
 
 
 async def _topic(bootstrap: str, name: str, partitions: int, docs: list[str]) -> None:
@@ -64,6 +87,17 @@ async def _topic(bootstrap: str, name: str, partitions: int, docs: list[str]) ->
         await asyncio.gather(*sends)
     finally:
         await producer.stop()
+
+
+async def _drop_topic(bootstrap: str, name: str) -> None:
+    # A given cluster outlives the run: leave no benchmark topics behind in it, nor the
+    # dead-letter topic the source made for it.
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([name, dlq_topic(name)])
+    finally:
+        await admin.close()
 
 
 async def _committed(bootstrap: str, topic: str, group: str, partitions: int) -> int:
@@ -90,7 +124,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rules = RecordRules("bench", MODEL, 1_000_000, lambda n: n if n in fleet.models else None)
     ceiling_s: list[float] = []
     ingest_s: list[float] = []
-    with KafkaBroker() as broker, tempfile.TemporaryDirectory() as tmp:
+    run_id = uuid.uuid4().hex[:8]  # a given cluster may hold an earlier run's topics
+    with kafka(args.bootstrap_servers) as bootstrap, tempfile.TemporaryDirectory() as tmp:
         async with host:
             await host.wait_ready()
             runtime = LoadedEncoders(host.engines)[MODEL].runtime
@@ -104,12 +139,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 failed = [r for r in results if isinstance(r, Exception)]
                 assert not failed, failed[:3]
 
-                topic, group = f"bench-{rep}", f"bench-{rep}"
-                await _topic(broker.bootstrap, topic, args.partitions, docs)
+                topic = group = f"flotilla-bench-{run_id}-{rep}"
+                await _topic(bootstrap, topic, args.partitions, docs)
                 async with EdgeStore(Path(tmp) / f"store-{rep}") as store:
                     source = KafkaSource(
                         IngestCore(embedder, store, rules),
-                        bootstrap=broker.bootstrap,
+                        bootstrap=bootstrap,
                         topic=topic,
                         group=group,
                         max_records=args.max_records,
@@ -121,7 +156,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     ingest_s.append(time.perf_counter() - start)
                     await source.stop()
                     stored = await store.count("bench")
-                committed = await _committed(broker.bootstrap, topic, group, args.partitions)
+                committed = await _committed(bootstrap, topic, group, args.partitions)
+                await _drop_topic(bootstrap, topic)
                 assert stored == len(docs) and committed == len(docs), (stored, committed)
     ceiling, ingest = median(ceiling_s), median(ingest_s)
     return {
@@ -169,9 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--max-records", type=int, default=512)
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=None,
+        metavar="HOST:PORT",
+        help="a running Kafka to ingest from; else a local broker is started for the run",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    result = asyncio.run(run(args))
+    try:
+        result = asyncio.run(run(args))
+    except KafkaSetupError as exc:
+        print(f"{NO_KAFKA}{exc}", file=sys.stderr)
+        return 2
     print(
         table(
             ["path", "docs/s", "tokens/s"],

@@ -4,9 +4,9 @@ Both stacks run the same emulated device (the model's real tokenizer, a forward 
 costs nothing) on the fleet's default model, so what differs is the path a request
 takes: ``flotilla serve`` (HTTP, the in-process queue, the worker in one process)
 against ``flotilla gateway --nats`` and ``flotilla worker --nats`` over a real
-``nats-server`` with JetStream (the test server from ``tests/nats``). One client sends
-``--requests`` single-text requests one after another to each, the two alternating in
-rounds, and the benchmark reports p50/p90/p99 of each and the difference: what the
+``nats-server`` with JetStream (started for the run, ``bench.services.nats``). One client
+sends ``--requests`` single-text requests one after another to each, the two alternating
+in rounds, and the benchmark reports p50/p90/p99 of each and the difference: what the
 shared queue adds to one request.
 
     flotilla bench queue-latency [--requests 400] [--rounds 4]
@@ -32,8 +32,6 @@ from bench.cluster.processes import Children, wait_until
 from bench.hostpath import EMULATED_ENV, emulated
 from bench.load import HOST, free_port
 from embedder.core.device import cpu_model
-from embedder.core.fleet import entry_as
-from embedder.tasks.embed.spec import EncoderSpec
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -90,10 +88,12 @@ async def measure(args: argparse.Namespace, urls: dict[str, str], model: str) ->
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    from tests.nats.server import NatsServer  # the test server, as bench.ingest uses Kafka's
+    from bench.services.nats import NatsServer
 
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from embedder.core.fleet import entry_as
+    from embedder.tasks.embed.spec import EncoderSpec
     from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()

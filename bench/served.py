@@ -14,7 +14,8 @@ Per concurrency: requests/s, tokens/s (from ``usage.prompt_tokens``), latency
 p50/p90/p99, errors by status, the server's own queue and inference times
 (``x-queue-time``, ``x-inference-time``), and tokens/s as a share of the
 engine ceiling. The load generator shares the CPU with the server: on a
-2-core machine that costs the server some of its throughput.
+2-core machine that costs the server some of its throughput. The printed summary and
+the chart: ``bench.served_report``.
 
     python -m bench.served [--concurrency 1,4,16,64] [--duration-s 15] [--threads N]
 """
@@ -43,7 +44,7 @@ import numpy as np
 import yaml
 from numpy.typing import NDArray
 
-from bench import report, texts
+from bench import report, served_report, texts
 from bench.candidates import read_profile_file, with_profile
 from bench.load import HOST as HOST
 from bench.load import MAX_INPUTS as MAX_INPUTS
@@ -54,11 +55,11 @@ from bench.load import check_vectors as check_vectors
 from bench.load import free_port as free_port
 from bench.load import plan_requests as plan_requests
 from bench.load import run_level as run_level
-from bench.peers import options, side_by_side
+from bench.peers import Peer, options, side_by_side
 from embedder.core.device import fingerprint
 from embedder.core.fleet import DeviceKind, Precision, entry_as
 from embedder.tasks.embed.spec import EncoderSpec
-from embedder.tuned import load_tuned, profile_for
+from embedder.tuned import ProfileChoice, load_tuned, profile_for
 
 # -- the engine ceiling ------------------------------------------------------
 
@@ -266,41 +267,6 @@ async def sweep(
     return levels, cosine, served
 
 
-def plot(rows: Sequence[dict[str, Any]], ceiling: float, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [int(r["concurrency"]) for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    left.plot(xs, [float(r["tokens_per_s"]) for r in rows], "o-", label="served")
-    left.axhline(
-        ceiling, color="grey", linestyle="--", label="engine ceiling: full batches, no server"
-    )
-    left.set_xscale("log", base=2)
-    left.set_xlabel("concurrent clients")
-    left.set_ylabel("tokens/s")
-    left.set_ylim(0, max(ceiling, *(float(r["tokens_per_s"]) for r in rows)) * 1.15)
-    left.legend()
-    left.set_title("throughput")
-    for key, style in (("p50", "o-"), ("p99", "s--")):
-        right.plot(xs, [float(r["latency_ms"][key]) for r in rows], style, label=key)
-    right.set_xscale("log", base=2)
-    for axis in (left, right):
-        axis.set_xticks(xs, [str(x) for x in xs])
-        axis.minorticks_off()
-    right.set_yscale("log")
-    right.set_xlabel("concurrent clients")
-    right.set_ylabel("latency, ms")
-    right.legend()
-    right.set_title("latency")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _levels(value: str) -> list[int]:
     levels = [int(v) for v in value.split(",") if v.strip()]
     if not levels or any(n <= 0 or n > 1024 for n in levels):
@@ -388,15 +354,11 @@ def served_spec(args: argparse.Namespace) -> EncoderSpec:
         raise SystemExit(f"the profile override is invalid: {exc}") from None
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    spec = served_spec(args)
-    peers = options.chosen_peers(args.peer)
-    corpus = texts.build(args.n_texts, args.seed)
-    max_tokens = spec.max_tokens
-    plan = plan_requests(corpus, spec.name, max_tokens, 4096, args.seed, args.encoding)
-
+def ceiling_for(
+    spec: EncoderSpec, plan: Plan, args: argparse.Namespace
+) -> tuple[ProfileChoice, Ceiling, dict[str, float]]:
+    """The profile the server will run, the engine's ceiling with it, and the machine's
+    CPU use while the ceiling ran."""
     if args.wait_quiet_s > 0:
         report.wait_for_quiet(args.wait_quiet_s)
     print("engine ceiling: tokenize + forward of full server-sized batches, no server running")
@@ -404,25 +366,46 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     # The ceiling runs what the server will run: the tuned profile for this device
     # when the fleet leaves it open, with that profile's threads.
     choice = profile_for(spec, args.device, fingerprint(args.device), load_tuned())
-    served_profile = choice.profile
     print(f"  {choice.source} profile: {choice.why}")
     engine = engine_ceiling(
         choice.apply(spec, args.device),
         args.device,
         plan,
-        served_profile.threads or args.threads,
+        choice.profile.threads or args.threads,
         args.ceiling_reps,
         args.ceiling_tokens,
     )
     ceiling_cpu = meter.result()
-    ceiling = engine.tokens_per_s
     print(
-        f"  {ceiling:,.0f} tokens/s ({engine.dtype}) over {engine.batches} batches of "
-        f"{engine.mean_requests_per_batch:.1f} requests, {engine.mean_tokens_per_batch:,.0f} "
-        f"tokens; reps {[round(r) for r in engine.reps]}; the same texts in one call: "
-        f"{engine.one_call_tokens_per_s:,.0f} tokens/s"
+        f"  {engine.tokens_per_s:,.0f} tokens/s ({engine.dtype}) over {engine.batches} batches "
+        f"of {engine.mean_requests_per_batch:.1f} requests, "
+        f"{engine.mean_tokens_per_batch:,.0f} tokens; reps {[round(r) for r in engine.reps]}; "
+        f"the same texts in one call: {engine.one_call_tokens_per_s:,.0f} tokens/s"
     )
+    return choice, engine, ceiling_cpu
 
+
+@dataclass
+class Served:
+    """What the running server gave: its levels, its vectors' worst cosine to the engine's,
+    its /v1/models answer, and the peers' side-by-side runs (None without peers)."""
+
+    levels: list[Level]
+    cosine: float
+    models: dict[str, Any]
+    peers: dict[str, Any] | None
+
+
+def serve_and_sweep(
+    spec: EncoderSpec,
+    args: argparse.Namespace,
+    plan: Plan,
+    corpus: texts.Corpus,
+    peers: Sequence[Peer],
+    expected: NDArray[np.float32],
+) -> Served:
+    """``flotilla serve`` on the measured model alone, swept over the concurrency levels;
+    then, while it still runs, each peer against it on the same texts and loads."""
     port = free_port()
     log_path = report.results_dir() / f"{args.out}-server.log"
     # The server loads only the measured model: others of the bundled fleet would only
@@ -433,24 +416,48 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     started = time.perf_counter()
     with server(port, args.threads, log_path, args.ready_timeout_s, fleet_path, args.device) as pid:
         print(f"  ready after {time.perf_counter() - started:.1f} s")
-        levels, cosine, served = asyncio.run(
-            sweep(port, pid, args, plan, spec.name, engine.check_vectors)
+        levels, cosine, models = asyncio.run(sweep(port, pid, args, plan, spec.name, expected))
+        if not peers:
+            return Served(levels, cosine, models, None)
+        print("peers: the same texts and loads, flotilla and each peer back to back")
+        compared = side_by_side.run_all(
+            peers,
+            args,
+            corpus,
+            spec.name,
+            spec.max_tokens,
+            spec.source.resolve(),
+            f"http://{HOST}:{port}/v1/embeddings",
+            args.device,
         )
-        compared = None
-        if peers:
-            print("peers: the same texts and loads, flotilla and each peer back to back")
-            compared = side_by_side.run_all(
-                peers,
-                args,
-                corpus,
-                spec.name,
-                max_tokens,
-                spec.source.resolve(),
-                f"http://{HOST}:{port}/v1/embeddings",
-                args.device,
-            )
+    return Served(levels, cosine, models, compared)
 
-    rows = [level.summary(ceiling) for level in levels]
+
+def engine_section(engine: Ceiling, cpu: dict[str, float]) -> dict[str, Any]:
+    return {
+        "tokens_per_s": engine.tokens_per_s,
+        "what": "tokenize + forward of consecutive requests grouped into full batches "
+        "(the cpu profile's max_batch_tokens / max_batch_requests), no server running",
+        "reps": engine.reps,
+        "one_call_tokens_per_s": engine.one_call_tokens_per_s,
+        "batches": engine.batches,
+        "mean_requests_per_batch": engine.mean_requests_per_batch,
+        "mean_tokens_per_batch": engine.mean_tokens_per_batch,
+        "dtype": engine.dtype,
+        "cpu": cpu,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    spec = served_spec(args)
+    peers = options.chosen_peers(args.peer)
+    corpus = texts.build(args.n_texts, args.seed)
+    plan = plan_requests(corpus, spec.name, spec.max_tokens, 4096, args.seed, args.encoding)
+    choice, engine, ceiling_cpu = ceiling_for(spec, plan, args)
+    served = serve_and_sweep(spec, args, plan, corpus, peers, engine.check_vectors)
+    rows = [level.summary(engine.tokens_per_s) for level in served.levels]
     result: dict[str, Any] = {
         "benchmark": "served",
         "model": spec.name,
@@ -462,81 +469,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             "mean_tokens": float(np.mean(plan.tokens)),
             "encoding_format": args.encoding,
         },
-        "engine_ceiling": {
-            "tokens_per_s": ceiling,
-            "what": "tokenize + forward of consecutive requests grouped into full batches "
-            "(the cpu profile's max_batch_tokens / max_batch_requests), no server running",
-            "reps": engine.reps,
-            "one_call_tokens_per_s": engine.one_call_tokens_per_s,
-            "batches": engine.batches,
-            "mean_requests_per_batch": engine.mean_requests_per_batch,
-            "mean_tokens_per_batch": engine.mean_tokens_per_batch,
-            "dtype": engine.dtype,
-            "cpu": ceiling_cpu,
-        },
-        "server_models": served.get("data", []),
-        "served_vs_engine_worst_cosine": cosine,
+        "engine_ceiling": engine_section(engine, ceiling_cpu),
+        "server_models": served.models.get("data", []),
+        "served_vs_engine_worst_cosine": served.cosine,
         "levels": rows,
-        "profile": served_profile.model_dump(),
+        "profile": choice.profile.model_dump(),
         "profile_choice": choice.describe(),
-        "peers": compared,
+        "peers": served.peers,
     }
-    print()
-    print(
-        report.table(
-            [
-                "clients",
-                "ok",
-                "errors",
-                "req/s",
-                "tokens/s",
-                "of ceiling",
-                "p50 ms",
-                "p90 ms",
-                "p99 ms",
-                "queue p50",
-                "infer p50",
-                "req/batch",
-                "others' CPU",
-            ],
-            [
-                [
-                    r["concurrency"],
-                    r["ok"],
-                    sum(r["errors"].values()),
-                    r["requests_per_s"],
-                    r["tokens_per_s"],
-                    f"{100 * r['share_of_engine_ceiling']:.0f}%",
-                    r["latency_ms"]["p50"],
-                    r["latency_ms"]["p90"],
-                    r["latency_ms"]["p99"],
-                    r["server_queue_ms_p50"],
-                    r["server_inference_ms_p50"],
-                    r["mean_requests_per_batch"] or float("nan"),
-                    f"{100 * r['cpu'].get('others_share', 0):.0f}%",
-                ]
-                for r in rows
-            ],
-        )
-    )
-    best = max(rows, key=lambda r: r["tokens_per_s"])
-    print(
-        f"\nengine ceiling {ceiling:,.0f} tokens/s; best served {best['tokens_per_s']:,.0f} "
-        f"tokens/s at {best['concurrency']} clients = {100 * best['share_of_engine_ceiling']:.0f}% "
-        f"of it; served vectors vs engine: worst cosine {cosine:.5f}"
-    )
-    for name, peer_result in (compared or {}).get("peers", {}).items():
-        print()
-        print(side_by_side.table(name, peer_result))
+    served_report.print_summary(result)
     json_path = report.write_json(f"{args.out}.json", result)
     png_path = report.results_dir() / f"{args.out}.png"
-    plot(
-        rows,
-        ceiling,
-        str(png_path),
-        f"flotilla serve, {spec.name}, /v1/embeddings with 1-{MAX_INPUTS} mixed texts; "
-        f"{result['machine']['cpu']}, {args.threads} threads",
-    )
+    title = f"flotilla serve, {spec.name}, /v1/embeddings with 1-{MAX_INPUTS} mixed texts; "
+    title += f"{result['machine']['cpu']}, {args.threads} threads"
+    served_report.plot(rows, engine.tokens_per_s, str(png_path), title)
     print(f"wrote {json_path} and {png_path}")
     return result
 

@@ -10,7 +10,7 @@ real torch runtime (cpu profile), times ``forward`` on batches of real text
 by least squares. The fit goes to ``bench/results/cluster_calibration.json``,
 which the simulation reads (``cost_model.load_cost``).
 
-This module imports torch only inside ``measure``: its fit is testable without it.
+This module imports torch only when ``measure`` runs: its fit is testable without it.
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ import os
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import report
 from bench.cluster.cost_model import MODEL, RESULT, load_cost, padded_tokens
-from embedder.core.fleet import entry_as
-from embedder.tasks.embed.spec import EncoderSpec
+
+if TYPE_CHECKING:
+    from embedder.tasks.embed.runtimes import Encoded, Runtime
+    from embedder.tasks.embed.spec import EncoderProfile
 
 # Batch sizes to time, in tokens: from one short input to a full cpu batch (8192).
 TARGET_TOKENS = (16, 64, 256, 512, 1024, 2048, 4096, 8192)
@@ -92,79 +94,15 @@ def measure(
     dtype: str | None = None,
     clock: str = "wall",
 ) -> dict[str, Any]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from bench import texts
-    from embedder.tasks.embed.runtimes import Encoded, load_runtime
-    from embedder.tasks.fleet import load_fleet
-
-    spec = entry_as(load_fleet().get(MODEL), EncoderSpec)
-    if dtype is not None:  # the cpu profile says "auto", which a busy machine can mislead
-        cpu = spec.profile("cpu").model_copy(update={"dtype": dtype})
-        spec = spec.model_copy(update={"profiles": {**spec.profiles, "cpu": cpu}})
-    profile = spec.profile("cpu")
-    runtime = load_runtime(spec, "cpu", threads)
-    corpus = texts.build(n_texts, seed)
-    encoded = runtime.tokenize(corpus.texts, "right")
+    profile, runtime, encoded = _load(n_texts, threads, seed, dtype)
     lengths = [len(ids) for ids in encoded.ids]  # after truncation to the model's limit
     plan = _batches(lengths, seed)
-
-    def subset(rows: list[int]) -> Encoded:
-        types = encoded.type_ids
-        return Encoded(
-            ids=[encoded.ids[i] for i in rows],
-            type_ids=[types[i] for i in rows] if types is not None else None,
-            full_lengths=[encoded.full_lengths[i] for i in rows],
-        )
-
-    batches = [subset(rows) for _, _, rows in plan]
+    batches = [_subset(encoded, rows) for _, _, rows in plan]
     for batch in batches[:: max(1, len(batches) // 6)]:  # warm up kernels and caches
         runtime.forward(batch)
-    seconds: list[list[float]] = [[] for _ in batches]
-    others: list[list[float]] = [[] for _ in batches]
-    order = list(range(len(batches)))
-    rng = random.Random(seed)
-    now = CLOCKS[clock]
     meter = report.CpuMeter()
-    for rep in range(reps):
-        rng.shuffle(order)  # a slow spell of a shared machine hits every batch alike
-        for b in order:
-            sample = report.CpuMeter()
-            start = now()
-            runtime.forward(batches[b])
-            seconds[b].append(now() - start)
-            others[b].append(sample.result().get("others_share", 0.0))
-        print(f"  rep {rep + 1}/{reps} done")
-    points: list[dict[str, Any]] = []
-    for (kind, target, rows), batch, secs, noise in zip(
-        plan, batches, seconds, others, strict=True
-    ):
-        batch_lengths = [len(ids) for ids in batch.ids]
-        points.append(
-            {
-                "kind": kind,
-                "target_tokens": target,
-                "sequences": len(rows),
-                "tokens": sum(batch_lengths),
-                "padded_tokens": padded_tokens(
-                    batch_lengths, profile.forward_tokens, profile.forward_max_sequences
-                ),
-                "passes": _passes(
-                    batch_lengths, profile.forward_tokens, profile.forward_max_sequences
-                ),
-                "median_s": statistics.median(secs),
-                "min_s": min(secs),
-                "others_share_median": statistics.median(noise),
-            }
-        )
-    # The fastest of the repetitions: other tenants of a shared machine only ever slow a
-    # run down, so the minimum is the least disturbed estimate of the batch's own cost.
-    xs, ys = [p["padded_tokens"] for p in points], [p["min_s"] for p in points]
-    fixed_s, per_token_s, r2 = fit_line(xs, ys)
-    plain = fit_line(xs, ys, relative=False)
-    for p in points:
-        model_s = fixed_s + per_token_s * p["padded_tokens"]
-        p["fit_s"] = model_s
-        p["relative_error"] = (model_s - p["min_s"]) / p["min_s"]
+    seconds, others = _time(runtime, batches, reps, seed, CLOCKS[clock])
+    points = _points(plan, batches, seconds, others, profile)
     return {
         "benchmark": "cluster_calibration",
         "model": MODEL,
@@ -180,19 +118,114 @@ def measure(
             "clock": clock,
         },
         "profile": profile.model_dump(),
-        "fit": {
-            "formula": "batch_s = fixed_s + per_token_s * padded_tokens",
-            "fitted_to": "each batch's fastest of the repetitions (min_s), weighted by 1/min_s",
-            "fixed_s": fixed_s,
-            "per_token_s": per_token_s,
-            "r2": r2,
-            "tokens_per_s_full_batch": profile.max_batch_tokens
-            / (fixed_s + per_token_s * profile.max_batch_tokens),
-            "max_abs_relative_error": max(abs(p["relative_error"]) for p in points),
-            "unweighted": {"fixed_s": plain[0], "per_token_s": plain[1], "r2": plain[2]},
-        },
+        "fit": _fit(points, profile),
         "cpu_during_measurement": meter.result(),
         "points": points,
+    }
+
+
+def _load(
+    n_texts: int, threads: int, seed: int, dtype: str | None
+) -> tuple[EncoderProfile, Runtime, Encoded]:
+    """The model's cpu profile, its runtime and the corpus tokenized by it."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from bench import texts
+    from embedder.core.fleet import entry_as
+    from embedder.tasks.embed.runtimes import load_runtime
+    from embedder.tasks.embed.spec import EncoderSpec
+    from embedder.tasks.fleet import load_fleet
+
+    spec = entry_as(load_fleet().get(MODEL), EncoderSpec)
+    if dtype is not None:  # the cpu profile says "auto", which a busy machine can mislead
+        cpu = spec.profile("cpu").model_copy(update={"dtype": dtype})
+        spec = spec.model_copy(update={"profiles": {**spec.profiles, "cpu": cpu}})
+    runtime = load_runtime(spec, "cpu", threads)
+    corpus = texts.build(n_texts, seed)
+    return spec.profile("cpu"), runtime, runtime.tokenize(corpus.texts, "right")
+
+
+def _subset(encoded: Encoded, rows: list[int]) -> Encoded:
+    from embedder.tasks.embed.runtimes import Encoded
+
+    types = encoded.type_ids
+    return Encoded(
+        ids=[encoded.ids[i] for i in rows],
+        type_ids=[types[i] for i in rows] if types is not None else None,
+        full_lengths=[encoded.full_lengths[i] for i in rows],
+    )
+
+
+def _time(
+    runtime: Runtime, batches: Sequence[Encoded], reps: int, seed: int, now: Callable[[], float]
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Per batch: the seconds of each repetition, and the CPU share other processes used
+    meanwhile."""
+    seconds: list[list[float]] = [[] for _ in batches]
+    others: list[list[float]] = [[] for _ in batches]
+    order = list(range(len(batches)))
+    rng = random.Random(seed)
+    for rep in range(reps):
+        rng.shuffle(order)  # a slow spell of a shared machine hits every batch alike
+        for b in order:
+            sample = report.CpuMeter()
+            start = now()
+            runtime.forward(batches[b])
+            seconds[b].append(now() - start)
+            others[b].append(sample.result().get("others_share", 0.0))
+        print(f"  rep {rep + 1}/{reps} done")
+    return seconds, others
+
+
+def _points(
+    plan: Sequence[tuple[str, int, list[int]]],
+    batches: Sequence[Encoded],
+    seconds: Sequence[list[float]],
+    others: Sequence[list[float]],
+    profile: EncoderProfile,
+) -> list[dict[str, Any]]:
+    points: list[dict[str, Any]] = []
+    window = (profile.forward_tokens, profile.forward_max_sequences)
+    for (kind, target, rows), batch, secs, noise in zip(
+        plan, batches, seconds, others, strict=True
+    ):
+        batch_lengths = [len(ids) for ids in batch.ids]
+        points.append(
+            {
+                "kind": kind,
+                "target_tokens": target,
+                "sequences": len(rows),
+                "tokens": sum(batch_lengths),
+                "padded_tokens": padded_tokens(batch_lengths, *window),
+                "passes": _passes(batch_lengths, *window),
+                "median_s": statistics.median(secs),
+                "min_s": min(secs),
+                "others_share_median": statistics.median(noise),
+            }
+        )
+    return points
+
+
+def _fit(points: list[dict[str, Any]], profile: EncoderProfile) -> dict[str, Any]:
+    """The line through the points; each point gets its fitted time and relative error."""
+    # The fastest of the repetitions: other tenants of a shared machine only ever slow a
+    # run down, so the minimum is the least disturbed estimate of the batch's own cost.
+    xs, ys = [p["padded_tokens"] for p in points], [p["min_s"] for p in points]
+    fixed_s, per_token_s, r2 = fit_line(xs, ys)
+    plain = fit_line(xs, ys, relative=False)
+    for p in points:
+        model_s = fixed_s + per_token_s * p["padded_tokens"]
+        p["fit_s"] = model_s
+        p["relative_error"] = (model_s - p["min_s"]) / p["min_s"]
+    return {
+        "formula": "batch_s = fixed_s + per_token_s * padded_tokens",
+        "fitted_to": "each batch's fastest of the repetitions (min_s), weighted by 1/min_s",
+        "fixed_s": fixed_s,
+        "per_token_s": per_token_s,
+        "r2": r2,
+        "tokens_per_s_full_batch": profile.max_batch_tokens
+        / (fixed_s + per_token_s * profile.max_batch_tokens),
+        "max_abs_relative_error": max(abs(p["relative_error"]) for p in points),
+        "unweighted": {"fixed_s": plain[0], "per_token_s": plain[1], "r2": plain[2]},
     }
 
 

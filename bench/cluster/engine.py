@@ -98,181 +98,234 @@ def simulate(
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
     cap = cap or capacity(workload, cost)
-    rate = load * workers * cap.requests_per_s
-    times = workload.arrivals(rate)
-    tokens, lengths, models = workload.tokens, workload.lengths, workload.models
-    n, n_models = len(times), workload.n_models
-    max_tokens, max_requests = cost.max_batch_tokens, cost.max_batch_requests
-    max_wait, fixed_s, per_token_s = cost.max_wait_s, cost.fixed_s, cost.per_token_s
-    fwd_tokens, fwd_seqs = cost.forward_tokens, cost.forward_max_sequences
-    pull = policy == "pull"
+    times = workload.arrivals(load * workers * cap.requests_per_s)
     key = f"{seed}/{policy}/{workers}/{staleness_s}/{routers}"
-    rng = random.Random(zlib.crc32(key.encode()))
+    run = _Run(
+        workload,
+        cost,
+        times,
+        workers=workers,
+        policy=policy,
+        staleness_s=staleness_s,
+        routers=routers,
+        rng=random.Random(zlib.crc32(key.encode())),
+        target_s=p99_target_s if p99_target_s is not None else math.inf,
+        by_tokens=load_metric == "tokens",
+        log=log,
+    )
+    run.play()
+    return run.result(load)
 
-    # Queue sets: the shared one (pull) or one per worker (push); per model a FIFO.
-    n_sets = 1 if pull else workers
-    queues = [[deque[int]() for _ in range(n_models)] for _ in range(n_sets)]
-    queued_tokens = [[0] * n_models for _ in range(n_sets)]
-    pending = [0] * n_sets
-    timer_at = [math.inf] * n_sets
-    busy = [False] * workers
-    idle = deque(range(workers))  # pull: free workers, longest idle first
-    by_tokens = load_metric == "tokens"
-    live = [0] * workers  # push: outstanding load (queued + running) per worker
-    running = [0] * workers
-    # Push places each arrival by it; pull never asks (arrivals join the shared queue).
-    router = SimRouter(policy, workers, routers, staleness_s > 0, live, rng.random)
-    heap: list[tuple[float, int, int, int]] = []
-    seq = 0
-    done = [0.0] * n
 
-    warm = int(n * WARMUP)
-    t0, t1 = times[warm], times[-1]
-    allowed_over = (n - warm) - math.ceil(0.99 * (n - warm))
-    target = p99_target_s if p99_target_s is not None else math.inf
-    over = 0
-    busy_s = 0.0
-    batches = batch_requests = batch_tokens = 0
-    aborted = False
+class _Run:
+    """One simulation's state: the queue sets, the workers, the event heap and the
+    statistics of the measured span. ``play`` takes the events and the arrivals in time
+    order, the earlier first and an event before an arrival at the same time."""
 
-    def flushable(s: int, t: float) -> bool:
-        qs, qt = queues[s], queued_tokens[s]
-        for m in range(n_models):
+    def __init__(
+        self,
+        workload: Workload,
+        cost: CostModel,
+        times: list[float],
+        *,
+        workers: int,
+        policy: str,
+        staleness_s: float,
+        routers: int,
+        rng: random.Random,
+        target_s: float,
+        by_tokens: bool,
+        log: list[BatchLog] | None,
+    ) -> None:
+        self.times, self.tokens, self.lengths = times, workload.tokens, workload.lengths
+        self.models, self.n_models = workload.models, workload.n_models
+        self.cost, self.log = cost, log
+        # The batching rule's numbers, read on every event.
+        self.max_tokens, self.max_requests = cost.max_batch_tokens, cost.max_batch_requests
+        self.max_wait = cost.max_wait_s
+        self.workers, self.policy, self.staleness_s = workers, policy, staleness_s
+        self.pull, self.by_tokens, self.target_s = policy == "pull", by_tokens, target_s
+        n = len(times)
+        # Queue sets: the shared one (pull) or one per worker (push); per model a FIFO.
+        n_sets = 1 if self.pull else workers
+        self.queues = [[deque[int]() for _ in range(self.n_models)] for _ in range(n_sets)]
+        self.queued_tokens = [[0] * self.n_models for _ in range(n_sets)]
+        self.pending = [0] * n_sets
+        self.timer_at = [math.inf] * n_sets
+        self.busy = [False] * workers
+        self.idle = deque(range(workers))  # pull: free workers, longest idle first
+        self.live = [0] * workers  # push: outstanding load (queued + running) per worker
+        self.running = [0] * workers
+        # Push places each arrival by it; pull never asks (arrivals join the shared queue).
+        self.router = SimRouter(policy, workers, routers, staleness_s > 0, self.live, rng.random)
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        self.done = [0.0] * n
+        # The statistics leave out the first WARMUP of the arrivals.
+        self.warm = int(n * WARMUP)
+        self.t0, self.t1 = times[self.warm], times[-1]
+        self.allowed_over = (n - self.warm) - math.ceil(0.99 * (n - self.warm))
+        self.over = 0
+        self.busy_s = 0.0
+        self.batches = self.batch_requests = self.batch_tokens = 0
+        self.aborted = False
+
+    def flushable(self, s: int, t: float) -> bool:
+        qs, qt, times = self.queues[s], self.queued_tokens[s], self.times
+        max_requests, max_tokens, max_wait = self.max_requests, self.max_tokens, self.max_wait
+        for m in range(self.n_models):
             q = qs[m]
             if q and (len(q) >= max_requests or qt[m] >= max_tokens or times[q[0]] + max_wait <= t):
                 return True
         return False
 
-    def arm(s: int, t: float) -> None:
+    def arm(self, s: int, t: float) -> None:
         """A timer for when set ``s``'s oldest request will have waited max_wait."""
-        nonlocal seq
-        due = min(times[q[0]] for q in queues[s] if q) + max_wait
-        if due < timer_at[s] or timer_at[s] <= t:
-            timer_at[s] = due
-            seq += 1
-            heapq.heappush(heap, (due, seq, TIMER, s))
+        due = min(self.times[q[0]] for q in self.queues[s] if q) + self.max_wait
+        if due < self.timer_at[s] or self.timer_at[s] <= t:
+            self.timer_at[s] = due
+            self.push_event(due, TIMER, s)
 
-    def start(w: int, s: int, t: float) -> None:
-        nonlocal seq, over, busy_s, batches, batch_requests, batch_tokens, aborted
-        qs = queues[s]
+    def push_event(self, t: float, kind: int, x: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, x))
+
+    def start(self, w: int, s: int, t: float) -> None:
+        """Worker ``w`` starts a batch from set ``s``: the most urgent model's group."""
+        qs, times, cost = self.queues[s], self.times, self.cost
         group = -1
-        for m in range(n_models):
+        for m in range(self.n_models):
             if qs[m] and (group < 0 or times[qs[m][0]] < times[qs[group][0]]):
                 group = m
-        chosen, total = fill(qs[group], tokens, max_tokens, max_requests)
-        queued_tokens[s][group] -= total
-        pending[s] -= len(chosen)
-        flat = [k for i in chosen for k in lengths[i]]
-        end = t + fixed_s + per_token_s * padded_tokens(flat, fwd_tokens, fwd_seqs)
+        chosen, total = fill(qs[group], self.tokens, self.max_tokens, self.max_requests)
+        self.queued_tokens[s][group] -= total
+        self.pending[s] -= len(chosen)
+        flat = [k for i in chosen for k in self.lengths[i]]
+        padded = padded_tokens(flat, cost.forward_tokens, cost.forward_max_sequences)
+        end = t + cost.fixed_s + cost.per_token_s * padded
         for i in chosen:
-            done[i] = end
-            if i >= warm and end - times[i] > target:
-                over += 1
-        if over > allowed_over:
-            aborted = True
-        busy[w] = True
-        running[w] = total if by_tokens else len(chosen)
-        seq += 1
-        heapq.heappush(heap, (end, seq, DONE, w))
-        overlap = min(end, t1) - max(t, t0)
+            self.done[i] = end
+            if i >= self.warm and end - times[i] > self.target_s:
+                self.over += 1
+        if self.over > self.allowed_over:
+            self.aborted = True
+        self.busy[w] = True
+        self.running[w] = total if self.by_tokens else len(chosen)
+        self.push_event(end, DONE, w)
+        self.count(BatchLog(w, t, end, group, tuple(chosen)), total)
+
+    def count(self, batch: BatchLog, tokens: int) -> None:
+        """The batch's share of the measured span's busy time and batch sizes."""
+        overlap = min(batch.end, self.t1) - max(batch.start, self.t0)
         if overlap > 0:
-            busy_s += overlap
-        if log is not None:
-            log.append(BatchLog(w, t, end, group, tuple(chosen)))
-        if t0 <= t <= t1:
-            batches += 1
-            batch_requests += len(chosen)
-            batch_tokens += total
+            self.busy_s += overlap
+        if self.log is not None:
+            self.log.append(batch)
+        if self.t0 <= batch.start <= self.t1:
+            self.batches += 1
+            self.batch_requests += len(batch.requests)
+            self.batch_tokens += tokens
 
-    def serve_pull(t: float) -> None:
-        while idle and pending[0] and flushable(0, t):
-            start(idle.popleft(), 0, t)
-        if idle and pending[0]:
-            arm(0, t)
+    def serve_pull(self, t: float) -> None:
+        while self.idle and self.pending[0] and self.flushable(0, t):
+            self.start(self.idle.popleft(), 0, t)
+        if self.idle and self.pending[0]:
+            self.arm(0, t)
 
-    if staleness_s > 0 and not pull and policy in VIEW_POLICIES:
-        heapq.heappush(heap, (0.0, 0, REFRESH, 0))
-    next_arrival = 0
-    while next_arrival < n or heap:
-        if aborted:
-            break
-        if heap and (next_arrival >= n or heap[0][0] <= times[next_arrival]):
-            t, _, kind, x = heapq.heappop(heap)
-            if kind == DONE:
-                busy[x] = False
-                if pull:
-                    idle.append(x)
-                    if pending[0]:
-                        serve_pull(t)
+    def serve_push(self, w: int, t: float) -> None:
+        """Free worker ``w`` starts a batch from its own queue if one is due, else waits."""
+        if self.flushable(w, t):
+            self.start(w, w, t)
+        else:
+            self.arm(w, t)
+
+    def on_done(self, w: int, t: float) -> None:
+        self.busy[w] = False
+        if self.pull:
+            self.idle.append(w)
+            if self.pending[0]:
+                self.serve_pull(t)
+        else:
+            self.live[w] -= self.running[w]
+            if self.pending[w]:
+                self.serve_push(w, t)
+
+    def on_timer(self, s: int, t: float) -> None:
+        if self.timer_at[s] != t:
+            return  # superseded
+        self.timer_at[s] = math.inf
+        if self.pull:
+            if self.pending[0]:
+                self.serve_pull(t)
+        elif self.pending[s] and not self.busy[s]:
+            self.serve_push(s, t)
+
+    def on_refresh(self, t: float, more_arrivals: bool) -> None:
+        """A new snapshot of every worker's load, and the next one while requests come."""
+        self.router.refresh()
+        if more_arrivals:
+            self.push_event(t + self.staleness_s, REFRESH, 0)
+
+    def arrive(self, i: int) -> None:
+        t, m = self.times[i], self.models[i]
+        if self.pull:
+            self.enqueue(0, m, i)
+            if self.idle:
+                self.serve_pull(t)
+            return
+        added = self.tokens[i] if self.by_tokens else 1
+        w = self.router.route(added)
+        self.enqueue(w, m, i)
+        self.live[w] += added
+        if not self.busy[w]:
+            self.serve_push(w, t)
+
+    def enqueue(self, s: int, m: int, i: int) -> None:
+        self.queues[s][m].append(i)
+        self.queued_tokens[s][m] += self.tokens[i]
+        self.pending[s] += 1
+
+    def play(self) -> None:
+        times, heap, n = self.times, self.heap, len(self.times)
+        if self.staleness_s > 0 and not self.pull and self.policy in VIEW_POLICIES:
+            heapq.heappush(heap, (0.0, 0, REFRESH, 0))
+        next_arrival = 0
+        while (next_arrival < n or heap) and not self.aborted:
+            if heap and (next_arrival >= n or heap[0][0] <= times[next_arrival]):
+                t, _, kind, x = heapq.heappop(heap)
+                if kind == DONE:
+                    self.on_done(x, t)
+                elif kind == TIMER:
+                    self.on_timer(x, t)
                 else:
-                    live[x] -= running[x]
-                    if pending[x]:
-                        if flushable(x, t):
-                            start(x, x, t)
-                        else:
-                            arm(x, t)
-            elif kind == TIMER:
-                if timer_at[x] != t:
-                    continue  # superseded
-                timer_at[x] = math.inf
-                if pull:
-                    if pending[0]:
-                        serve_pull(t)
-                elif pending[x] and not busy[x]:
-                    if flushable(x, t):
-                        start(x, x, t)
-                    else:
-                        arm(x, t)
-            else:  # REFRESH: a new snapshot of every worker's load
-                router.refresh()
-                if next_arrival < n:
-                    seq += 1
-                    heapq.heappush(heap, (t + staleness_s, seq, REFRESH, 0))
-            continue
-        i = next_arrival
-        next_arrival += 1
-        t = times[i]
-        m = models[i]
-        if pull:
-            queues[0][m].append(i)
-            queued_tokens[0][m] += tokens[i]
-            pending[0] += 1
-            if idle:
-                serve_pull(t)
-            continue
-        added = tokens[i] if by_tokens else 1
-        w = router.route(added)
-        queues[w][m].append(i)
-        queued_tokens[w][m] += tokens[i]
-        pending[w] += 1
-        live[w] += added
-        if not busy[w]:
-            if flushable(w, t):
-                start(w, w, t)
-            else:
-                arm(w, t)
+                    self.on_refresh(t, next_arrival < n)
+                continue
+            self.arrive(next_arrival)
+            next_arrival += 1
 
-    measured = np.asarray(done[warm:]) - np.asarray(times[warm:])
-    span = max(t1 - t0, 1e-12)
-    if aborted:
-        p50 = p99 = mean = math.inf
-    else:
-        ordered = np.sort(measured)
-        p50 = float(ordered[max(0, math.ceil(0.50 * len(ordered)) - 1)])
-        p99 = float(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)])
-        mean = float(ordered.mean())
-    return SimResult(
-        policy=policy,
-        workers=workers,
-        staleness_ms=staleness_s * 1e3,
-        load=load,
-        requests=n - warm,
-        p50_s=p50,
-        p99_s=p99,
-        mean_s=mean,
-        utilization=busy_s / (workers * span),
-        batch_requests=batch_requests / max(1, batches),
-        batch_tokens=batch_tokens / max(1, batches),
-        tokens_per_s=sum(tokens[warm:]) / span,
-        aborted=aborted,
-    )
+    def result(self, load: float) -> SimResult:
+        warm, n, times = self.warm, len(self.times), self.times
+        measured = np.asarray(self.done[warm:]) - np.asarray(times[warm:])
+        span = max(self.t1 - self.t0, 1e-12)
+        if self.aborted:
+            p50 = p99 = mean = math.inf
+        else:
+            ordered = np.sort(measured)
+            p50 = float(ordered[max(0, math.ceil(0.50 * len(ordered)) - 1)])
+            p99 = float(ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)])
+            mean = float(ordered.mean())
+        return SimResult(
+            policy=self.policy,
+            workers=self.workers,
+            staleness_ms=self.staleness_s * 1e3,
+            load=load,
+            requests=n - warm,
+            p50_s=p50,
+            p99_s=p99,
+            mean_s=mean,
+            utilization=self.busy_s / (self.workers * span),
+            batch_requests=self.batch_requests / max(1, self.batches),
+            batch_tokens=self.batch_tokens / max(1, self.batches),
+            tokens_per_s=sum(self.tokens[warm:]) / span,
+            aborted=self.aborted,
+        )

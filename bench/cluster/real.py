@@ -47,8 +47,8 @@ import numpy as np
 import yaml
 
 from bench import report, served, texts
-from bench.cluster import real_report
 from bench.cluster.processes import Children
+from bench.cluster.real_report import json_text, plot, summarize, tables
 from bench.cluster.real_runs import measure
 from bench.cluster.real_stacks import Cluster, start_pull, start_push
 from bench.cluster.router import POLICIES
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flotilla-cr-")))
         broker = None
         if args.nats is None:
-            from tests.nats.server import NatsServer
+            from bench.services.nats import NatsServer
 
             broker = NatsServer()
             stack.callback(broker.stop)  # after the processes using it have stopped
@@ -199,14 +199,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = json.loads(args.summarize.read_text(encoding="utf-8"))
     else:
         data = run(args)
-    data["summary"] = real_report.summarize(data, args.p99_ms)
+    data["summary"] = summarize(data, args.p99_ms)
     print()
-    print(real_report.tables(data))
+    print(tables(data))
     out_dir = args.out_dir or report.results_dir()
     path = out_dir / f"{args.out}.json"
-    path.write_text(real_report.json_text(data), encoding="utf-8")
+    path.write_text(json_text(data), encoding="utf-8")
     png = out_dir / f"{args.out}.png"
-    real_report.plot(data, png)
+    plot(data, png)
     took = "" if args.summarize else f"{data['elapsed_s']:.0f} s; "
     print(f"\n{took}wrote {path} and {png}")
     return 0

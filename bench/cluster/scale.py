@@ -40,7 +40,7 @@ from typing import Any
 import aiohttp
 
 from bench import report
-from bench.cluster import scale_report
+from bench.cluster.cost_model import CostModel
 from bench.cluster.emulation import (
     DEVICES,
     Device,
@@ -63,9 +63,11 @@ from bench.cluster.scale_load import (
     cluster_rate,
     open_loop,
 )
+from bench.cluster.scale_report import line, plot, summarize, tables
 from bench.cluster.scale_stacks import (
     PULL_STACKS,
     Devices,
+    PullStack,
     Side,
     start_push,
     start_router,
@@ -75,6 +77,8 @@ from bench.cluster.scale_stacks import (
 )
 
 VIEW = frozenset({"least", "p2c", "least+own"})
+# A run's mode: its name, the router's policy (None: pull) and the view's refresh in ms.
+Mode = tuple[str, str | None, float | None]
 
 
 def devices_for(workload: str, workers: int, cost: Any) -> Devices:
@@ -131,7 +135,7 @@ async def run_side(
     side: Side,
     devices: Devices,
     requests: Requests,
-    modes: list[tuple[str, str | None, float | None]],
+    modes: list[Mode],
     rates: dict[float, float],
     args: argparse.Namespace,
     is_push: bool,
@@ -174,10 +178,21 @@ async def run_side(
                     rate=rate,
                 )
                 runs.append(run)
-                print(scale_report.line(run), flush=True)
+                print(line(run), flush=True)
             if router is not None:
                 router.stop()
     return runs
+
+
+def push_modes(args: argparse.Namespace) -> list[Mode]:
+    """Every push policy; one whose router reads the workers' load once per refresh."""
+    modes: list[Mode] = []
+    for policy in args.policies:
+        if policy in VIEW:
+            modes += [(f"push {policy} R={r:g}ms", policy, r) for r in args.refresh_ms]
+        else:
+            modes.append((f"push {policy}", policy, None))
+    return modes
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -185,23 +200,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     started = time.perf_counter()
     spec = load_fleet().get("all-minilm-l6-v2")
-    n = args.workers
-    scale = choose_scale(args, n)
+    scale = choose_scale(args, args.workers)
     cost = device_cost(args.device, scale)
     out_dir = args.out_dir or report.results_dir()
     logs = out_dir / f"{args.out}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     for old in [*logs.glob("*.log"), *logs.glob("*.yaml")]:
         old.unlink()
-    push_modes: list[tuple[str, str | None, float | None]] = []
-    for policy in args.policies:
-        if policy in VIEW:
-            push_modes += [(f"push {policy} R={r:g}ms", policy, r) for r in args.refresh_ms]
-        else:
-            push_modes.append((f"push {policy}", policy, None))
     stack = PULL_STACKS[args.pull]()
-    pull_mode: list[tuple[str, str | None, float | None]] = [(f"pull ({stack.name})", None, None)]
-    print(f"{n} workers a side, device {cost.label}; pull through {stack.name}")
+    print(f"{args.workers} workers a side, device {cost.label}; pull through {stack.name}")
     runs: list[dict[str, Any]] = []
     workload_info: dict[str, Any] = {}
     env = {"HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
@@ -210,44 +217,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack_ctx.callback(stack.stop)
         children = stack_ctx.enter_context(Children(logs, env))
         for name in args.workloads:
-            devices = devices_for(name, n, cost)
-            requests = build(name, args.n_requests, cost, args.seed)
-            full = cluster_rate(requests.workload, cost, [d.slowdown for d in devices.devices])
-            rates = {load: load * full for load in args.loads}
-            workload_info[name] = {
-                "capacity_rps": full,
-                "slowdowns": [d.slowdown for d in devices.devices],
-                "hosting": devices.hosting,
-                "mean_tokens": sum(requests.tokens) / len(requests.tokens),
-                # One mean request alone on a full-speed device: the latency unit.
-                "single_request_s": cost.fixed_s
-                + cost.per_token_s * sum(requests.tokens) / len(requests.tokens),
-            }
-            print(
-                f"\n{name}: cluster capacity {full:,.0f} req/s; loads "
-                f"{', '.join(f'{r:,.0f}' for r in rates.values())} req/s"
-            )
-            sides: list[tuple[bool, list[tuple[str, str | None, float | None]]]] = [
-                (True, push_modes)
-            ]
-            if devices.subsets and not stack.serves_subsets:
-                workload_info[name]["pull"] = (
-                    f"not run: the {stack.name} queue cannot pull by model (every worker "
-                    "of its group must host every model)"
-                )
-                print(f"  pull skipped: {workload_info[name]['pull']}")
-            else:
-                sides.append((False, pull_mode))
-            for is_push, modes in sides:
-                side = (
-                    start_push(args, children, spec, devices, data_dir)
-                    if is_push
-                    else stack.start(args, children, spec, devices)
-                )
-                runs += asyncio.run(
-                    run_side(children, side, devices, requests, modes, rates, args, is_push)
-                )
-                side.stop()
+            info, workload_runs = run_workload(name, args, children, stack, spec, cost, data_dir)
+            workload_info[name] = info
+            runs += workload_runs
     return {
         "benchmark": "cluster_scale",
         "machine": report.machine(1),
@@ -264,6 +236,57 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "runs": runs,
         "elapsed_s": time.perf_counter() - started,
     }
+
+
+def run_workload(
+    name: str,
+    args: argparse.Namespace,
+    children: Children,
+    stack: PullStack,
+    spec: Any,
+    cost: CostModel,
+    data_dir: Path,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One workload on a fresh push side, then on a fresh pull side: what the workload
+    and its devices are, and every run's result."""
+    devices = devices_for(name, args.workers, cost)
+    requests = build(name, args.n_requests, cost, args.seed)
+    full = cluster_rate(requests.workload, cost, [d.slowdown for d in devices.devices])
+    rates = {load: load * full for load in args.loads}
+    info: dict[str, Any] = {
+        "capacity_rps": full,
+        "slowdowns": [d.slowdown for d in devices.devices],
+        "hosting": devices.hosting,
+        "mean_tokens": sum(requests.tokens) / len(requests.tokens),
+        # One mean request alone on a full-speed device: the latency unit.
+        "single_request_s": cost.fixed_s
+        + cost.per_token_s * sum(requests.tokens) / len(requests.tokens),
+    }
+    print(
+        f"\n{name}: cluster capacity {full:,.0f} req/s; loads "
+        f"{', '.join(f'{r:,.0f}' for r in rates.values())} req/s"
+    )
+    sides: list[tuple[bool, list[Mode]]] = [(True, push_modes(args))]
+    if devices.subsets and not stack.serves_subsets:
+        info["pull"] = (
+            f"not run: the {stack.name} queue cannot pull by model (every worker "
+            "of its group must host every model)"
+        )
+        print(f"  pull skipped: {info['pull']}")
+    else:
+        sides.append((False, [(f"pull ({stack.name})", None, None)]))
+    runs: list[dict[str, Any]] = []
+    for is_push, modes in sides:
+        side = (
+            start_push(args, children, spec, devices, data_dir)
+            if is_push
+            else stack.start(args, children, spec, devices)
+        )
+        runs += asyncio.run(
+            run_side(children, side, devices, requests, modes, rates, args, is_push)
+        )
+        side.stop()
+    return info, runs
 
 
 def _floats(value: str) -> list[float]:
@@ -360,14 +383,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = json.loads(args.summarize.read_text(encoding="utf-8"))
     else:
         data = run(args)
-    data["summary"] = scale_report.summarize(data, args.p99_ms)
+    data["summary"] = summarize(data, args.p99_ms)
     print()
-    print(scale_report.tables(data))
+    print(tables(data))
     out_dir = args.out_dir or report.results_dir()
     path = out_dir / f"{args.out}.json"
     path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
     png = out_dir / f"{args.out}.png"
-    scale_report.plot(data, png)
+    plot(data, png)
     print(f"\nwrote {path} and {png}")
     return 0
 

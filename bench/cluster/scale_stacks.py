@@ -173,7 +173,7 @@ class JetStreamStack:
         if args.nats:
             self.url = args.nats
             return
-        from tests.nats.server import NatsServer
+        from bench.services.nats import NatsServer
 
         self._server = NatsServer().start()
         self.url = self._server.url

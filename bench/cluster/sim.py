@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench import report
-from bench.cluster import sim_report
 from bench.cluster.cost_model import GPU_FIXED_FACTOR, GPU_PER_TOKEN_DIVISOR, gpu_like, load_cost
 from bench.cluster.experiments import Plan, run_plan
 from bench.cluster.policies import PUSH
+from bench.cluster.sim_report import json_text, plots, tables
 from bench.cluster.workloads import SEED, WORKLOADS
 
 
@@ -113,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             "  (no bench/results/cluster_calibration.json: run python -m bench.cluster.calibrate)"
         )
     data = run_plan(plan, args.jobs)
-    print(sim_report.tables(data))
+    print(tables(data))
     out_dir = args.out_dir or report.results_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{args.out}.json"
-    path.write_text(sim_report.json_text(data), encoding="utf-8")
-    written = [path, *sim_report.plots(data, out_dir, args.out)]
+    path.write_text(json_text(data), encoding="utf-8")
+    written = [path, *plots(data, out_dir, args.out)]
     print(f"\n{data['elapsed_s']:.0f} s; wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -86,103 +86,124 @@ def _target_table(data: dict[str, Any], name: str, target: str, staleness: list[
 
 
 def plots(data: dict[str, Any], out_dir: Path, prefix: str) -> list[Path]:
+    """One figure of the highest load per p99 target, and (when the run swept the load)
+    one of utilization and one of the p99 against the offered load."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plan = data["plan"]
-    names, workers = plan["workloads"], plan["workers"]
-    colors = {p: f"C{i}" for i, p in enumerate(POLICIES)}
+    names = data["plan"]["workloads"]
     note = (
         " (HYPOTHETICAL gpu-like costs)" if data["cost_model"]["source"] == "hypothetical" else ""
     )
     written: list[Path] = []
-    targets = list(data["workloads"][names[0]]["p99_targets_ms"])
-    for target in targets:
-        fig, axes = plt.subplots(
-            len(names),
-            len(workers),
-            figsize=(3.0 * len(workers), 2.4 * len(names)),
-            squeeze=False,
-            sharex=True,
-            sharey=True,
-        )
-        for i, name in enumerate(names):
-            for j, w in enumerate(workers):
-                ax = axes[i][j]
-                for policy in plan["policies"]:
-                    rows = [
-                        r
-                        for r in data["max_load"]
-                        if (r["workload"], r["target"], r["workers"], r["policy"])
-                        == (name, target, w, policy)
-                    ]
-                    if not rows:
-                        continue
-                    xs = [float(x) for x in plan["staleness_ms"]]
-                    if policy in VIEW_POLICIES:
-                        xs = [r["staleness_ms"] for r in rows]
-                        ys = [r["max_load"] for r in rows]
-                    else:
-                        ys = [rows[0]["max_load"]] * len(xs)
-                    style = "-" if policy == "pull" else "--" if policy == "rr" else "-o"
-                    ax.plot(xs, ys, style, color=colors[policy], label=policy, markersize=3)
-                ax.set_xscale("symlog", linthresh=5)
-                ax.set_ylim(0, 1.05)
-                ax.set_title(f"{name}, {w} workers", fontsize=8)
-                ax.tick_params(labelsize=7)
-                if i == len(names) - 1:
-                    ax.set_xlabel("staleness R (ms)", fontsize=8)
-                if j == 0:
-                    ax.set_ylabel("max load at p99 target", fontsize=8)
-        axes[0][0].legend(fontsize=7)
-        fig.suptitle(
-            f"highest offered load (share of capacity) with p99 under {target}{note}", fontsize=10
-        )
-        fig.tight_layout()
+    for target in data["workloads"][names[0]]["p99_targets_ms"]:
         path = out_dir / f"{prefix}_staleness_{_slug(target)}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        _staleness_figure(data, target, note, path)
         written.append(path)
-
     if not data["sweep"]:
         return written
     for key, ylabel, suffix in (
         ("utilization", "busy share of the workers", "utilization"),
         ("p99_s", "p99 latency (ms)", "p99"),
     ):
-        fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False)
-        for j, name in enumerate(names):
-            ax = axes[0][j]
-            for policy in plan["policies"]:
-                rows = [r for r in data["sweep"] if (r["workload"], r["policy"]) == (name, policy)]
-                xs = [r["load"] for r in rows if r[key] is not None]
-                ys = [r[key] * (1e3 if key == "p99_s" else 1) for r in rows if r[key] is not None]
-                ax.plot(xs, ys, "-o", color=colors[policy], label=policy, markersize=3)
-            if key == "p99_s":
-                ax.set_yscale("log")
-                first = next(iter(data["workloads"][name]["p99_targets_ms"].values()))
-                ax.axhline(first, color="k", ls=":", lw=1)
-            else:
-                ax.plot([0, 1], [0, 1], color="0.7", lw=0.8, ls=":")
-                ax.set_ylim(0, 1.05)
-            ax.set_title(name, fontsize=9)
-            ax.set_xlabel("offered load (share of capacity)", fontsize=8)
-            ax.tick_params(labelsize=7)
-        axes[0][0].set_ylabel(ylabel, fontsize=8)
-        axes[0][0].legend(fontsize=7)
-        fig.suptitle(
-            f"{ylabel} vs offered load: {plan['sweep_workers']} workers, "
-            f"R={plan['sweep_staleness_ms']:g} ms{note}",
-            fontsize=10,
-        )
-        fig.tight_layout()
         path = out_dir / f"{prefix}_{suffix}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        _sweep_figure(data, key, ylabel, note, path)
         written.append(path)
     return written
+
+
+_COLORS = {p: f"C{i}" for i, p in enumerate(POLICIES)}
+
+
+def _staleness_figure(data: dict[str, Any], target: str, note: str, path: Path) -> None:
+    """A grid of workloads by worker counts: each policy's highest load against R."""
+    import matplotlib.pyplot as plt
+
+    plan = data["plan"]
+    names, workers = plan["workloads"], plan["workers"]
+    fig, axes = plt.subplots(
+        len(names),
+        len(workers),
+        figsize=(3.0 * len(workers), 2.4 * len(names)),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
+    for i, name in enumerate(names):
+        for j, w in enumerate(workers):
+            ax = axes[i][j]
+            _staleness_panel(ax, data, name, target, w)
+            if i == len(names) - 1:
+                ax.set_xlabel("staleness R (ms)", fontsize=8)
+            if j == 0:
+                ax.set_ylabel("max load at p99 target", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(
+        f"highest offered load (share of capacity) with p99 under {target}{note}", fontsize=10
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _staleness_panel(ax: Any, data: dict[str, Any], name: str, target: str, w: int) -> None:
+    plan = data["plan"]
+    for policy in plan["policies"]:
+        rows = [
+            r
+            for r in data["max_load"]
+            if (r["workload"], r["target"], r["workers"], r["policy"]) == (name, target, w, policy)
+        ]
+        if not rows:
+            continue
+        xs = [float(x) for x in plan["staleness_ms"]]
+        if policy in VIEW_POLICIES:
+            xs = [r["staleness_ms"] for r in rows]
+            ys = [r["max_load"] for r in rows]
+        else:  # a policy blind to the workers' load: one value at every R
+            ys = [rows[0]["max_load"]] * len(xs)
+        style = "-" if policy == "pull" else "--" if policy == "rr" else "-o"
+        ax.plot(xs, ys, style, color=_COLORS[policy], label=policy, markersize=3)
+    ax.set_xscale("symlog", linthresh=5)
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"{name}, {w} workers", fontsize=8)
+    ax.tick_params(labelsize=7)
+
+
+def _sweep_figure(data: dict[str, Any], key: str, ylabel: str, note: str, path: Path) -> None:
+    """One panel per workload: each policy's ``key`` against the offered load."""
+    import matplotlib.pyplot as plt
+
+    plan = data["plan"]
+    names = plan["workloads"]
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.2), squeeze=False)
+    for j, name in enumerate(names):
+        ax = axes[0][j]
+        for policy in plan["policies"]:
+            rows = [r for r in data["sweep"] if (r["workload"], r["policy"]) == (name, policy)]
+            xs = [r["load"] for r in rows if r[key] is not None]
+            ys = [r[key] * (1e3 if key == "p99_s" else 1) for r in rows if r[key] is not None]
+            ax.plot(xs, ys, "-o", color=_COLORS[policy], label=policy, markersize=3)
+        if key == "p99_s":
+            ax.set_yscale("log")
+            first = next(iter(data["workloads"][name]["p99_targets_ms"].values()))
+            ax.axhline(first, color="k", ls=":", lw=1)
+        else:
+            ax.plot([0, 1], [0, 1], color="0.7", lw=0.8, ls=":")
+            ax.set_ylim(0, 1.05)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("offered load (share of capacity)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel(ylabel, fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(
+        f"{ylabel} vs offered load: {plan['sweep_workers']} workers, "
+        f"R={plan['sweep_staleness_ms']:g} ms{note}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def json_text(data: dict[str, Any]) -> str:

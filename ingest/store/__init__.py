@@ -8,9 +8,6 @@ Two engines share one contract (``contract.py``, tested by
 - ``"edge"`` (``edge.EdgeStore``): Qdrant's own engine in-process (``qdrant-edge-py``),
   persisted under a data directory; the one-machine default.
 
-``server.py`` serves an ``EdgeStore`` to other processes on the same machine (tests,
-multi-process runs); it is not part of what ``open_store`` opens.
-
 Choose an engine with ``open_store(kind, **options)``. Importing this package imports
 neither engine: each opener imports its own when called, so a process that writes to a
 Qdrant server never loads qdrant-edge, and the other way round. The engines import

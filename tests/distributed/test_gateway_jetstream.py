@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.services.nats import NatsServer
 from embedder.core.jobs import ModelState
 from embedder.queue.jetstream.liveness import WorkerLiveness
 from embedder.tasks.fleet import load_fleet
@@ -25,7 +26,6 @@ from tests.distributed.helpers import bounded, eventually
 from tests.fakes import FAIL_MARKER, FakeLoader
 from tests.gateway.conftest import running_stack
 from tests.kafka.fixtures import unique_name
-from tests.nats.server import NatsServer
 
 pytestmark = pytest.mark.slow  # starts the server
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.services.nats import NatsServer
 from tests.distributed.cluster import (
     CONCURRENCY,
     MIN_COSINE,
@@ -32,7 +33,6 @@ from tests.distributed.cluster import (
 )
 from tests.gateway.conftest import hub_offline
 from tests.kafka.fixtures import unique_name
-from tests.nats.server import NatsServer
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow

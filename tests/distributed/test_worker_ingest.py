@@ -23,6 +23,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.services.kafka.broker import KafkaBroker
+from bench.services.nats import NatsServer
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.settings import Settings
 from ingest.store import chunk_point_id
@@ -41,9 +43,7 @@ from tests.distributed.helpers import eventually
 from tests.fakes import FakeLoader
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce
-from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
-from tests.nats.server import NatsServer
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow

@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from bench.services.kafka.broker import KafkaBroker
 from ingest.store import chunk_point_id, point_id
 from ingest.store.edge import EdgeStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import create_topic, produce, read_all
-from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.services.kafka.broker import KafkaBroker
 from embedder.tasks.fleet import load_fleet
 from ingest.store import Point, chunk_point_id
 from ingest.store.qdrant import QdrantStore
@@ -25,7 +26,6 @@ from tests.distributed.cluster import Process
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce
 from tests.ingest.test_kafka_ingest import COLLECTION, documents, expected_vectors
-from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 

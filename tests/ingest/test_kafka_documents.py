@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.services.kafka.broker import KafkaBroker
 from flotilla import wiring
 from flotilla.settings import Settings
 from gateway.app import create_app
@@ -28,7 +29,6 @@ from tests.embedder.tasks.ocr.samples import broken_xref_pdf, image_pdf, png_byt
 from tests.embedder.tasks.ocr.test_documents import huge_png_header
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce, read_all, until
-from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_env")]

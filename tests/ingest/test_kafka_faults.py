@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
+from bench.services.kafka.broker import KafkaBroker
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.codecs import RequestLimits
@@ -38,7 +39,6 @@ from ingest.store.qdrant import QdrantStore
 from ingest.supervisor import IngestSupervisor, RestartPolicy
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce, read_all, until
-from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.services.kafka.broker import KafkaBroker
 from embedder.core.fleet import Fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
@@ -31,7 +32,6 @@ from ingest.store import Point, StoreUnavailable, VectorStore, point_id
 from ingest.store.qdrant import QdrantStore
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce, read_all, until
-from tests.kafka.broker import KafkaBroker
 from tests.kafka.fixtures import unique_name
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 

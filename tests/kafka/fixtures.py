@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kafka.broker import KafkaBroker
+from bench.services.kafka.broker import KafkaBroker
 
 
 def unique_name(prefix: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from tests.kafka.broker import HOST, KafkaBroker
+from bench.services.kafka.broker import HOST, KafkaBroker
 from tests.kafka.fixtures import unique_name
 
 pytestmark = pytest.mark.slow

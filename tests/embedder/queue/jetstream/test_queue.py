@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 
+from bench.services.nats import NatsServer
 from embedder.core.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -40,7 +41,6 @@ from embedder.queue.jetstream.submitter import JetStreamSubmitter, _Reassembly
 from embedder.queue.protocol import Partial, ReplyStream
 from tests.distributed.helpers import eventually
 from tests.kafka.fixtures import unique_name
-from tests.nats.server import NatsServer
 
 pytestmark = pytest.mark.slow  # starts the server
 

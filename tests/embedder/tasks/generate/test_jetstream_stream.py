@@ -11,6 +11,7 @@ import time
 
 import orjson
 
+from bench.services.nats import NatsServer
 from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.queue import Partial
 from embedder.queue.jetstream.puller import JetStreamPuller
@@ -22,7 +23,6 @@ from embedder.tasks.generate.runtime import GenerationRuntime
 from tests.distributed.helpers import bounded
 from tests.embedder.tasks.generate.conftest import tiny_spec
 from tests.kafka.fixtures import unique_name
-from tests.nats.server import NatsServer
 
 
 def completion(stream: bool, max_tokens: int = 12) -> Job:

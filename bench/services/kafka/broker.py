@@ -1,8 +1,8 @@
 """One Apache Kafka node in KRaft mode (broker and controller in one JVM) on loopback ports,
 with its storage and logs in a temporary directory that stop() removes.
 
-``python -m tests.kafka.broker`` starts one and prints its bootstrap address until Ctrl-C,
-for benchmarks and manual runs."""
+``python -m bench.services.kafka.broker`` starts one and prints its bootstrap address until
+Ctrl-C, for benchmarks and manual runs."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from typing import IO, Self
 
 from aiokafka.admin import AIOKafkaAdminClient
 
-from tests.kafka.jars import KafkaSetupError, ensure_jars
+from bench.services.kafka.jars import KafkaSetupError, ensure_jars
 
 HOST = "127.0.0.1"
 # Answering FindCoordinator makes the broker create __consumer_offsets; doing that while
@@ -381,7 +381,7 @@ class KafkaBroker:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.kafka.broker",
+        prog="python -m bench.services.kafka.broker",
         description="Run a single-node Kafka (KRaft) broker on loopback until Ctrl-C.",
     )
     parser.add_argument("--heap-mb", type=int, default=1024, help="JVM heap (default 1024)")

@@ -1,17 +1,17 @@
 """One process owns the edge shards and speaks a sliver of Qdrant's REST API over them.
 
-**For tests and multi-process runs on one machine only.** An embedded qdrant-edge shard
-belongs to one process, and a Qdrant server is not always at hand (not on the build
-machines, say). This service hosts an ``EdgeStore`` and answers exactly the requests
-``QdrantStore(url=...)`` (qdrant-client 1.20's ``AsyncQdrantClient`` over REST) sends,
-so several processes on **one machine** (ingest workers, tests that kill them) can write
-into one collection::
+**A test service.** An embedded qdrant-edge shard belongs to one process, and a Qdrant
+server is not installable on the build machines. This service hosts an ``EdgeStore``
+and answers exactly the requests ``QdrantStore(url=...)`` (qdrant-client 1.20's
+``AsyncQdrantClient`` over REST) sends, so the tests run the Qdrant server path, and
+several processes on one machine (ingest workers the tests kill) write into one
+collection::
 
-    python -m ingest.store.server --data-dir vectors/ --port 6333
+    python -m tests.ingest.store.qdrant_facade --data-dir vectors/ --port 6333
     QdrantStore(url="http://127.0.0.1:6333")
 
-Nothing in flotilla's serving or ingest path starts it; ``open_store`` does not open it.
-The tests start it through ``tests/ingest/store/server_fixture.py``.
+Nothing in flotilla starts it; ``open_store`` does not open it. The tests start it
+through ``tests/ingest/store/server_fixture.py``.
 
 **It is NOT a Qdrant replacement.** No auth, no TLS, no gRPC, no snapshots, no HNSW, no
 named vectors, no payload indexes; filters are ``must`` lists of ``match`` conditions
@@ -378,7 +378,7 @@ def create_app(data_dir: str | Path) -> FastAPI:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m ingest.store.server",
+        prog="python -m tests.ingest.store.qdrant_facade",
         description="Serve an edge vector store to this machine's processes over a subset of"
         " Qdrant's REST API (not a Qdrant replacement: no auth; bind to loopback).",
     )

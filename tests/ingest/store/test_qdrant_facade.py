@@ -1,5 +1,6 @@
-"""The store server: the contract runs through it in test_contract.py ("qdrant-facade");
-here, what it refuses, several processes writing into one collection, and a SIGKILL."""
+"""The store server (the Qdrant facade): the contract runs through it in test_contract.py
+("qdrant-facade"); here, what it refuses, several processes writing into one collection,
+and a SIGKILL."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from qdrant_client.common.version_check import is_compatible
 from ingest.store import InvalidStoreRequest, point_id
 from ingest.store import qdrant as store_qdrant
 from ingest.store.qdrant import QdrantStore
-from ingest.store.server import (
+from tests.ingest.store.qdrant_facade import (
     MODEL_KEY,
     QDRANT_API_VERSION,
     Filter,
@@ -44,7 +45,7 @@ ID = point_id("docs", "a")
 def test_speaks_the_pinned_clients_version_and_model_key() -> None:
     assert is_compatible(importlib.metadata.version("qdrant-client"), QDRANT_API_VERSION)
     assert store_qdrant.MODEL_KEY == MODEL_KEY
-    code = "import sys, ingest.store.server; assert 'qdrant_client' not in sys.modules"
+    code = "import sys, tests.ingest.store.qdrant_facade; assert 'qdrant_client' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 

@@ -1,7 +1,7 @@
 """Resolve the broker's jars (pinned in pom.xml) from Maven Central into a cache outside the
 repo, once per pom: a marker holding the pom's digest says the directory is complete.
 
-``python -m tests.kafka.jars`` resolves and prints the directory (``make kafka-jars``).
+``python -m bench.services.kafka.jars`` resolves and prints the directory (``make kafka-jars``).
 The cache root is ``$FLOTILLA_KAFKA_CACHE``, else ``$XDG_CACHE_HOME/flotilla``, else
 ``~/.cache/flotilla``; the jars land in ``<root>/kafka-<version>/libs``."""
 
@@ -46,7 +46,10 @@ def libs_dir(pom: Path = POM) -> Path:
 
 
 def _digest(pom: Path) -> str:
-    return hashlib.sha256(pom.read_bytes()).hexdigest()
+    # Of the canonical XML without comments: rewording the pom's prose must not fetch the
+    # same jars again.
+    canonical = ET.canonicalize(from_file=str(pom), with_comments=False, strip_text=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _is_complete(libs: Path, digest: str) -> bool:
