@@ -13,8 +13,8 @@ from typing import Literal
 
 import msgspec
 
+import embedder.tasks.embed.codecs as codecs
 from embedder.core.jobs import ApiShape
-from embedder.tasks.embed import codecs
 
 # -- Cohere v2 (/v2/embed, /v2/rerank), as the cohere SDK's ClientV2 sends them ---------
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+import embedder.tasks.rerank.codecs as rerank_codecs
 from embedder.core.adapters import AdapterCatalog, ResidentAdapters
 from embedder.core.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
 from embedder.core.jobs import ApiShape, Job, JobResult, Task, Timings, TruncationSide
@@ -29,7 +30,6 @@ from embedder.tasks.embed.cohere_v2 import check_window
 from embedder.tasks.embed.runtimes import Encoded, Runtime
 from embedder.tasks.embed.shapes import decode_embed, encode_embed
 from embedder.tasks.embed.spec import EncoderSpec
-from embedder.tasks.rerank import codecs as rerank_codecs
 from embedder.tasks.rerank.codecs import RerankRequest
 
 log = logging.getLogger(__name__)

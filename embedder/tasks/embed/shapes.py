@@ -12,8 +12,10 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
+import embedder.tasks.embed.codecs as codecs
+import embedder.tasks.embed.cohere_v2 as cohere_v2
+import embedder.tasks.embed.similarity as similarity
 from embedder.core.jobs import ApiShape
-from embedder.tasks.embed import codecs, cohere_v2, similarity
 from embedder.tasks.embed.codecs import EmbedRequest, RequestLimits
 
 EmbedEncoder = Callable[[EmbedRequest, NDArray[np.float32], int, str], bytes]

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
+import embedder.tasks.generate.requests as requests
 from embedder.core.errors import (
     ContextWindowExceeded,
     DeadlineExceeded,
@@ -44,7 +45,6 @@ from embedder.serving import metrics
 from embedder.serving.pulling import IDLE_POLL_S, fail_all, pull_or_pause, settle_departed
 from embedder.serving.thread import OneThread
 from embedder.serving.turns import DeviceTurns
-from embedder.tasks.generate import requests
 from embedder.tasks.generate.kv import KVBatch, prefill, prefill_many, rows_of
 from embedder.tasks.generate.replies import Reply
 from embedder.tasks.generate.runtime import GenerationRuntime

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+import embedder.tasks.ocr.api as api
+import embedder.tasks.ocr.detect as detect
+import embedder.tasks.ocr.recognize as recognize
 from embedder.core.errors import DeadlineExceeded, FlotillaError, InferenceFailed
 from embedder.core.fleet import DeviceKind
 from embedder.core.jobs import Job, JobResult, Timings
@@ -34,7 +37,6 @@ from embedder.serving import metrics
 from embedder.serving.pulling import IDLE_POLL_S, fail_all, pull_or_pause, settle_departed
 from embedder.serving.thread import OneThread
 from embedder.serving.turns import DeviceTurns
-from embedder.tasks.ocr import api, detect, recognize
 from embedder.tasks.ocr.api import Line, OcrLimits, PageText
 from embedder.tasks.ocr.batching import detection_batches, recognition_batches
 from embedder.tasks.ocr.documents import Page, PageImage, PageLayer, read_document

@@ -15,9 +15,9 @@ import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
+import embedder.tasks.embed.cohere_v2 as cohere_v2
 from embedder.core.errors import InvalidRequest
 from embedder.core.jobs import ApiShape, TruncationSide
-from embedder.tasks.embed import cohere_v2
 from embedder.tasks.embed.codecs import (
     RequestLimits,
     decode_body,
