@@ -91,8 +91,8 @@ def worker(settings: Settings) -> None:
         raise typer.BadParameter(
             "a worker needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
-    if settings.topic:
-        if not settings.kafka:
+    if settings.ingest.topic:
+        if not settings.ingest.bootstrap:
             raise typer.BadParameter(
                 "--topic ingests from Kafka: give the broker with --kafka BOOTSTRAP",
                 param_hint="'--kafka' / FLOTILLA_KAFKA",
@@ -188,7 +188,7 @@ def _check_collection(settings: Settings) -> None:
     from ingest.store.errors import InvalidStoreRequest
 
     try:
-        check_collection_name(settings.collection)
+        check_collection_name(settings.ingest.collection)
     except InvalidStoreRequest as exc:
         raise typer.BadParameter(exc.message, param_hint="'--collection'") from None
 

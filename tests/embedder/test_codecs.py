@@ -92,7 +92,9 @@ def test_tei_embed_fields() -> None:
     assert defaults.normalize is True
     assert defaults.truncate is True  # unset: the server's setting
     assert defaults.side == "right"
-    explicit = decode_embed(TEI, body({"inputs": "a", "truncate": False}), RequestLimits(True))
+    explicit = decode_embed(
+        TEI, body({"inputs": "a", "truncate": False}), RequestLimits(auto_truncate=True)
+    )
     assert explicit.truncate is False  # the request's own choice wins
 
 
@@ -243,7 +245,9 @@ def test_bad_rerank_bodies_are_invalid_requests(shape: ApiShape, raw: bytes, mes
 
 def test_too_many_documents_names_the_limit() -> None:
     with pytest.raises(LimitExceeded, match="'documents' has 3 items, over the limit of 2"):
-        decode_rerank(COHERE, body({"query": "q", "documents": ["a"] * 3}), RequestLimits(2))
+        decode_rerank(
+            COHERE, body({"query": "q", "documents": ["a"] * 3}), RequestLimits(max_inputs=2)
+        )
 
 
 # -- shaping vectors ----------------------------------------------------------------

@@ -21,7 +21,6 @@ import pytest
 from fastapi import FastAPI
 from numpy.typing import NDArray
 
-from embedder.codecs import RequestLimits
 from embedder.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.host import ModelHost, RuntimeLoader
 from embedder.jobs import EmbedJob, JobResult, Task
@@ -157,9 +156,7 @@ async def running_stack(
     host = ModelHost(
         fleet,
         queue,
-        RequestLimits(
-            max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
-        ),
+        settings.requests,
         device="cpu",
         loader=loader,
     )

@@ -21,7 +21,7 @@ from embedder.host import ModelHost, RuntimeLoader
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.http_server import server_config
 from flotilla.settings import Settings
-from flotilla.wiring import gateway_config, ocr_limits, record_rules, request_limits
+from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import IngestCore
@@ -63,10 +63,10 @@ def live_server(
     host = ModelHost(
         fleet,
         queue,
-        request_limits(settings),
+        settings.requests,
         device="cpu",
         loader=loader or Loader(),
-        ocr_limits=ocr_limits(settings),
+        ocr_limits=settings.ocr,
     )
 
     @contextlib.asynccontextmanager

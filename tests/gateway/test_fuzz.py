@@ -18,7 +18,7 @@ from embedder.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings
-from flotilla.wiring import gateway_config, record_rules, request_limits
+from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import IngestCore
@@ -58,7 +58,7 @@ def document() -> dict[str, Any]:
     cases are generated at collection, before any server runs."""
     fleet = fake_fleet_with_reranker("alpha", "beta")
     queue = InProcessQueue()
-    host = ModelHost(fleet, queue, request_limits(SETTINGS), device="cpu", loader=Loader())
+    host = ModelHost(fleet, queue, SETTINGS.requests, device="cpu", loader=Loader())
     store = QdrantStore(location=":memory:")
     core = IngestCore(
         QueueEmbedder(queue), store, record_rules(SETTINGS, fleet, AdapterCatalog(fleet))

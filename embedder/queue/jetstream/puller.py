@@ -23,8 +23,9 @@ from embedder.errors import LimitExceeded
 from embedder.jobs import EmbedJob
 from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream import wire
+from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.dead_letters import DeadLetters
-from embedder.queue.jetstream.streams import JetStreamConfig, ensure_consumer, ensure_streams
+from embedder.queue.jetstream.streams import ensure_consumer, ensure_streams
 from embedder.queue.jetstream.submitter import connect
 from embedder.queue.protocol import Outcome, Partial
 

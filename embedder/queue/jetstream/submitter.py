@@ -24,7 +24,8 @@ from embedder.errors import DeadlineExceeded, InferenceFailed, LimitExceeded, No
 from embedder.jobs import EmbedJob, JobResult
 from embedder.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
-from embedder.queue.jetstream.streams import JetStreamConfig, ensure_streams
+from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.protocol import Partial, ReplyStream, resolve
 
 log = logging.getLogger(__name__)

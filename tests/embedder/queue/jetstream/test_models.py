@@ -12,8 +12,8 @@ import time
 import pytest
 
 from embedder.jobs import JobResult
+from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.puller import JetStreamPuller
-from embedder.queue.jetstream.streams import JetStreamConfig
 from tests.embedder.queue.jetstream.test_queue import WAIT_S, config, job, queue, result
 from tests.nats.server import NatsServer
 
