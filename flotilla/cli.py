@@ -358,6 +358,14 @@ def tune(
 
     if calibration not in ("auto", "english", "gesetze"):
         raise typer.BadParameter("auto, english or gesetze", param_hint="'--calibration'")
+    laws = settings.calibration_dir
+    if calibration == "gesetze" and laws is None:
+        raise typer.BadParameter(
+            "--calibration gesetze reads German laws: give their folder",
+            param_hint="'--calibration-dir' / FLOTILLA_CALIBRATION_DIR",
+        )
+    if laws is not None and not laws.is_dir():
+        raise typer.BadParameter(f"{laws} is not a folder", param_hint="'--calibration-dir'")
     configure_logging(settings)
     plan = QUICK if quick else Plan()
     plan = dataclasses.replace(plan, texts=texts or plan.texts, repeats=repeats or plan.repeats)

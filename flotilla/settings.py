@@ -75,10 +75,11 @@ class Settings(BaseSettings):
         "'defaults', the fleet's profile (fp32 or bf16 autocast, timed at load); 'quick', a "
         "short tune at load (runtime x precision on English text, seconds per model).",
     )
-    calibration_dir: Path = Field(
-        default=Path("../shared/data/gesetze"),
-        description="`flotilla tune`: German laws (gesetze/*.md) to calibrate multilingual "
-        "models on and take their retrieval check from; English text when absent.",
+    calibration_dir: Path | None = Field(
+        default=None,
+        description="`flotilla tune`: a folder of German laws (gesetze/*.md format) to "
+        "calibrate multilingual models on and take their retrieval check from; unset, "
+        "they calibrate on English text (--calibration gesetze needs it).",
     )
     header_timeout_s: float = Field(
         default=10.0,

@@ -304,6 +304,9 @@ def own_arguments(command: tuple[str, ...], tmp: Path) -> list[str]:
     if command == ("lora", "train"):
         (tmp / "train.jsonl").write_text("", encoding="utf-8")
         return ["--base", "m", "--pairs", str(tmp / "train.jsonl"), "--out", str(tmp / "a")]
+    if command == ("tune",):  # the folder of laws --calibration-dir names must be one
+        (tmp / "flag" / "calibration_dir").mkdir(parents=True)
+        return []
     if command == ("lora", "cost"):
         (tmp / "adapter").mkdir()
         (tmp / "adapter" / "flotilla_adapter.json").write_text("{}", encoding="utf-8")

@@ -6,6 +6,7 @@ takes a setting as a keyword with a default of its own, the two are checked equa
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,17 @@ def test_a_keyword_default_is_its_settings_default(
 def test_the_gateway_config_takes_the_sections_defaults() -> None:
     config = GatewayConfig(version="v", bytes_per_token=4.0, max_documents_per_request=1)
     assert config.limits == Settings().gateway and config.ocr == Settings().ocr
+
+
+def test_no_default_points_outside_the_working_directory() -> None:
+    """A path setting is unset (the package's own, or nothing) or under the directory the
+    command runs in, never beside an install."""
+    for name, where in setting_fields(LoraSettings).items():
+        annotation = where.info.annotation
+        if Path not in (annotation, *typing.get_args(annotation)):
+            continue
+        default = where.info.get_default(call_default_factory=True)
+        if default is None or default == ():
+            continue
+        for path in default if isinstance(default, tuple | list) else [default]:
+            assert not Path(path).is_absolute() and ".." not in Path(path).parts, name
