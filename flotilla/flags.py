@@ -140,6 +140,22 @@ def _on_command_line(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
+def _problems(exc: ValidationError, cls: type[Settings]) -> str:
+    """Each refused value under its setting's names (the flag, the variable), not its
+    place in the nested settings."""
+    places: dict[tuple[str, ...], str] = {
+        (where.field,) if where.section is None else (where.section, where.field): name
+        for name, where in setting_fields(cls).items()
+    }
+    lines = []
+    for error in exc.errors():
+        loc = tuple(map(str, error["loc"]))
+        name = places.get(loc[:1]) or places.get(loc[:2])
+        where = f"--{name.replace('_', '-')} / FLOTILLA_{name.upper()}" if name else ".".join(loc)
+        lines.append(f"{where}: {error['msg']} (got {error['input']!r})")
+    return "\n".join(lines)
+
+
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
 ENVIRONMENT_NOTE = "Settings are also FLOTILLA_<NAME> environment variables; a flag wins."
 
@@ -206,7 +222,7 @@ def settings_flags(
             try:  # by their names: Settings puts a section's into its section
                 settings = cls(**flags)
             except ValidationError as exc:
-                raise typer.BadParameter(str(exc)) from exc
+                raise typer.BadParameter(_problems(exc, cls)) from exc
             try:
                 func(settings, **kwargs)
             except FleetError as exc:  # a missing or malformed fleet file: a usage error

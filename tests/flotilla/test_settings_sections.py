@@ -137,6 +137,16 @@ def test_a_flag_reaches_its_section(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert settings.gateway.api_keys == ("a", "b")
 
 
+def test_a_bad_flag_in_a_section_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flotilla.serve, "serve", lambda settings: None)
+    result = CliRunner().invoke(app, ["serve", "--ocr-max-pages", "0"])
+    assert result.exit_code == 2, result.output
+    # named as the user gave it, not by its place in the sections (ocr.max_pages)
+    assert "--ocr-max-pages / FLOTILLA_OCR_MAX_PAGES: Input should be greater than 0" in (
+        result.output
+    )
+
+
 def test_updated_changes_settings_by_their_names() -> None:
     settings = Settings(port=9000, ocr_max_pages=3)
     changed = settings.updated(auto_truncate=True, chunking=False, data_dir=Path("d"))
