@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import report, texts
-from embedder.fleet import load_fleet
-from embedder.runtimes import Runtime, load_runtime
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.embed.runtimes import Runtime, load_runtime
 
 Row = Callable[[Sequence[str]], None]
 

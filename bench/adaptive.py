@@ -38,13 +38,13 @@ from typing import Any
 
 from bench import texts
 from bench.report import CpuMeter, machine, percentile, table, wait_for_quiet, write_json
-from embedder.codecs import RequestLimits
-from embedder.execute import LoadedModel, run_batch
-from embedder.fleet import load_fleet
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.embed.execute import LoadedModel, run_batch
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost
-from embedder.jobs import ApiShape, EmbedJob, JobResult
+from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.queue.inprocess import InProcessQueue
-from embedder.worker import Worker
+from embedder.tasks.embed.worker import Worker
 
 MODEL = "all-minilm-l6-v2"
 REQUEST_LIMITS = RequestLimits(auto_truncate=True)  # long texts are cut as the engine cuts them
@@ -58,9 +58,9 @@ class Config:
     target_s: float | None = None
 
 
-def job_of(text: str) -> EmbedJob:
+def job_of(text: str) -> Job:
     body = json.dumps({"inputs": [text]}).encode()
-    return EmbedJob.new(
+    return Job.new(
         MODEL, ApiShape.TEI_EMBED, body, now=time.time(), timeout_s=120.0,
         bytes_per_token=BYTES_PER_TOKEN,
     )  # fmt: skip

@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from embedder.device import fingerprint
-from embedder.fleet import DeviceKind, ModelSpec, Profile
-from embedder.runtimes import PRECISIONS
+from embedder.core.device import fingerprint
+from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.tasks.embed.spec import EncoderProfile
+from embedder.tasks.embed.runtimes import PRECISIONS
 from embedder.tuned import TunedProfiles, load_tuned, profile_for
 
 # The host-path runtime has the real tokenizer and no model: its vectors mean
@@ -41,7 +42,7 @@ def with_profile(spec: ModelSpec, device: DeviceKind, **changes: object) -> Mode
     """``spec`` with its ``device`` profile changed; the other profiles are left alone.
     Validated: a field the profile does not have, or a bad value, is a ValueError."""
     base = spec.profile(device).model_dump()
-    profile = Profile.model_validate({**base, **changes})
+    profile = EncoderProfile.model_validate({**base, **changes})
     return spec.model_copy(update={"profiles": {**spec.profiles, device: profile}})
 
 
@@ -50,7 +51,7 @@ def precisions_of(
     device: DeviceKind,
     registry: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
 ) -> list[str]:
-    """The precisions ``runtime`` offers on ``device``: ``embedder.runtimes.PRECISIONS``
+    """The precisions ``runtime`` offers on ``device``: ``embedder.tasks.embed.runtimes.PRECISIONS``
     (runtime -> device -> precisions); none for a runtime it does not list (the emulated
     device computes no model)."""
     offered = (PRECISIONS if registry is None else registry).get(runtime, {})
@@ -81,7 +82,7 @@ def runtime_candidates(
 
 
 def read_profile_file(path: Path) -> dict[str, Any]:
-    """Profile fields from a YAML or JSON file (JSON is YAML): a mapping, checked."""
+    """EncoderProfile fields from a YAML or JSON file (JSON is YAML): a mapping, checked."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -89,9 +90,9 @@ def read_profile_file(path: Path) -> dict[str, Any]:
     data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     if not isinstance(data, dict):
         raise SystemExit(f"{path}: a profile file holds a mapping of profile fields")
-    unknown = sorted(set(data) - set(Profile.model_fields))
+    unknown = sorted(set(data) - set(EncoderProfile.model_fields))
     if unknown:
-        known = ", ".join(Profile.model_fields)
+        known = ", ".join(EncoderProfile.model_fields)
         raise SystemExit(f"{path}: unknown profile fields {unknown}; known: {known}")
     return data
 

@@ -47,8 +47,10 @@ from bench.candidates import (
     tuned_candidate,
     with_profile,
 )
-from embedder.fleet import DeviceKind, ModelSpec, Profile, load_fleet
-from embedder.runtimes import Runtime, load_runtime
+from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.tasks.embed.spec import EncoderProfile
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.embed.runtimes import Runtime, load_runtime
 
 Vectors = NDArray[np.float32]
 TARGET_SPEEDUP = 2.0
@@ -109,7 +111,7 @@ def candidate_methods(
     """Every runtime x precision (from the registries), the ``--profile`` file and the
     tuned profile, each loaded; one that refuses to load is skipped with its reason. A
     candidate that loads as the default's (runtime, dtype) is marked ``= flotilla``."""
-    from embedder.runtimes import RUNTIMES
+    from embedder.tasks.embed.runtimes import RUNTIMES
 
     candidates = runtime_candidates(spec, device, RUNTIMES, only=args.runtimes)
     if args.profile is not None:
@@ -156,8 +158,8 @@ def padded_tokens_st(lengths: Sequence[int], text_lengths: Sequence[int], batch_
     return total
 
 
-def padded_tokens_flotilla(lengths: Sequence[int], profile: Profile) -> int:
-    from embedder.batching import micro_batches
+def padded_tokens_flotilla(lengths: Sequence[int], profile: EncoderProfile) -> int:
+    from embedder.tasks.embed.batching import micro_batches
 
     passes = micro_batches(lengths, profile.forward_tokens, profile.forward_max_sequences)
     return sum(len(rows) * max(lengths[i] for i in rows) for rows in passes)
@@ -307,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from embedder.runtimes.torch_st import cpu_has_bf16
+    from embedder.tasks.embed.runtimes.torch_st import cpu_has_bf16
 
     torch.set_num_threads(args.threads)
     device: DeviceKind = args.device

@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 
 from bench import report, served, texts
-from embedder.fleet import ModelSpec
+from embedder.core.fleet import ModelSpec
 
 GPU_TOKENS_PER_S = 1_000_000  # the device the host would have to feed
 EMULATED_ENV = "FLOTILLA_EMULATED_MS_PER_1K_TOKENS"
@@ -156,7 +156,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()
     spec = emulated(fleet.get(fleet.default_model))

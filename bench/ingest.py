@@ -30,8 +30,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench import texts
 from bench.report import machine, median, results_dir, table, write_json
-from embedder.codecs import RequestLimits
-from embedder.fleet import load_fleet
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from ingest.embedding import QueueEmbedder

@@ -195,7 +195,7 @@ def ratios(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 def fleet_file(args: argparse.Namespace, path: Any) -> None:
     """The two models alone, as their fleet sets them."""
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet(args.fleet)
     models = {}
@@ -237,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     embed_spec = load_fleet(args.fleet).get(args.embed_model)
     corpus = texts.build(512, args.seed)

@@ -31,7 +31,7 @@ from bench import report, served, texts
 from bench.cluster.processes import Children, wait_until
 from bench.hostpath import EMULATED_ENV, emulated
 from bench.load import HOST, free_port
-from embedder.device import cpu_model
+from embedder.core.device import cpu_model
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     args = parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()
     spec = emulated(fleet.get(fleet.default_model))

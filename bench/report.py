@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from embedder.device import SPEED_FLAGS, cpu_flags, cpu_model
+from embedder.core.device import SPEED_FLAGS, cpu_flags, cpu_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

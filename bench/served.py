@@ -55,8 +55,8 @@ from bench.load import free_port as free_port
 from bench.load import plan_requests as plan_requests
 from bench.load import run_level as run_level
 from bench.peers import options, side_by_side
-from embedder.device import fingerprint
-from embedder.fleet import DeviceKind, ModelSpec, Precision
+from embedder.core.device import fingerprint
+from embedder.core.fleet import DeviceKind, ModelSpec, Precision
 from embedder.tuned import load_tuned, profile_for
 
 # -- the engine ceiling ------------------------------------------------------
@@ -102,7 +102,7 @@ def engine_ceiling(
     the same texts in one call. ``spec`` carries the profile the server runs."""
     import torch
 
-    from embedder.runtimes import load_runtime
+    from embedder.tasks.embed.runtimes import load_runtime
     from flotilla.settings import Settings
 
     profile = spec.profile(device)
@@ -370,7 +370,7 @@ def one_model_fleet(spec: ModelSpec) -> dict[str, Any]:
 def served_spec(args: argparse.Namespace) -> ModelSpec:
     """The fleet's default model with the profile for ``--device`` overridden by
     ``--fleet-profile``, then ``--runtime`` / ``--dtype``."""
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()
     spec = fleet.get(fleet.default_model)

@@ -237,7 +237,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     corpus = texts.build(args.n_texts)
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     model = load_fleet().default_model  # the server runs the bundled fleet
     port = free_port()

@@ -218,7 +218,7 @@ _CODEY = re.compile(r">>>|::=|\.\.\. |\{\}|==|!=|->|\w+\(.*\)\s*$|^\s*[-*=~^]{3,
 
 def model_folder() -> Path:
     """The folder of the fleet's default embedding model (all-MiniLM-L6-v2)."""
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet()
     return fleet.get(fleet.default_model).source.resolve()

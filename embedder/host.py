@@ -3,9 +3,9 @@
 Models load in a thread after start-up so the HTTP side answers probes (and
 503s) at once; the worker starts pulling when the first model is loaded and
 takes on each further model as it loads. A generation model gets an engine of its own
-(``embedder.generation.engine``) that pulls its jobs from the same queue, and so does an
-OCR model (``embedder.ocr.engine``); the embedding worker and the engines take turns on
-the one device (``embedder.turns``).
+(``embedder.tasks.generate.engine``) that pulls its jobs from the same queue, and so does an
+OCR model (``embedder.tasks.ocr.engine``); the embedding worker and the engines take turns on
+the one device (``embedder.serving.turns``).
 """
 
 from __future__ import annotations
@@ -17,26 +17,26 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Literal
 
-from embedder.adapters import AdapterCatalog, ResidentAdapters
-from embedder.batching import BatchLimits
-from embedder.codecs import RequestLimits
-from embedder.device import fingerprint
-from embedder.execute import LoadedModel
-from embedder.fleet import DeviceKind, Fleet, ModelSpec
-from embedder.jobs import ModelState, Task
-from embedder.lifecycle import Lifecycle
-from embedder.ocr.api import OcrLimits
+from embedder.core.adapters import AdapterCatalog, ResidentAdapters
+from embedder.tasks.embed.batching import BatchLimits
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.core.device import fingerprint
+from embedder.tasks.embed.execute import LoadedModel
+from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.core.jobs import ModelState, Task
+from embedder.core.lifecycle import Lifecycle
+from embedder.tasks.ocr.api import OcrLimits
 from embedder.queue import JobPuller
-from embedder.runtimes import Runtime, detect_device, load_runtime
+from embedder.tasks.embed.runtimes import Runtime, detect_device, load_runtime
 from embedder.tuned import ProfileChoice, TunedProfiles, profile_for
-from embedder.turns import DeviceTurns
-from embedder.worker import Worker
+from embedder.serving.turns import DeviceTurns
+from embedder.tasks.embed.worker import Worker
 
 if TYPE_CHECKING:
-    from embedder.generation.engine import GenerationEngine
-    from embedder.generation.runtime import GenerationRuntime
-    from embedder.ocr.engine import OcrEngine
-    from embedder.ocr.runtime import OcrRuntime
+    from embedder.tasks.generate.engine import GenerationEngine
+    from embedder.tasks.generate.runtime import GenerationRuntime
+    from embedder.tasks.ocr.engine import OcrEngine
+    from embedder.tasks.ocr.runtime import OcrRuntime
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,13 @@ OcrLoader = Callable[[ModelSpec, DeviceKind, int], "OcrRuntime"]
 
 
 def load_generator(spec: ModelSpec, device: DeviceKind, threads: int) -> GenerationRuntime:
-    from embedder.generation.runtime import load  # torch: only where a generator loads
+    from embedder.tasks.generate.runtime import load  # torch: only where a generator loads
 
     return load(spec, device, threads)
 
 
 def load_ocr(spec: ModelSpec, device: DeviceKind, threads: int) -> OcrRuntime:
-    from embedder.ocr.runtime import load_ocr  # ONNX Runtime and OpenCV: only where OCR loads
+    from embedder.tasks.ocr.runtime import load_ocr  # ONNX Runtime and OpenCV: only where OCR loads
 
     return load_ocr(spec, device, threads)
 
@@ -228,7 +228,7 @@ class ModelHost(Lifecycle):
     async def _serve_generator(
         self, spec: ModelSpec, runtime: GenerationRuntime, device: DeviceKind
     ) -> None:
-        from embedder.generation.engine import GenerationEngine
+        from embedder.tasks.generate.engine import GenerationEngine
 
         engine = GenerationEngine(self.queue, spec, runtime, self.turns)
         await engine.start()
@@ -236,7 +236,7 @@ class ModelHost(Lifecycle):
         log.info("loaded %s on %s: %s", spec.name, device, runtime.info)
 
     async def _serve_reader(self, spec: ModelSpec, runtime: OcrRuntime, device: DeviceKind) -> None:
-        from embedder.ocr.engine import OcrEngine
+        from embedder.tasks.ocr.engine import OcrEngine
 
         engine = OcrEngine(self.queue, spec, runtime, self.turns, self.ocr_limits, device)
         await engine.start()

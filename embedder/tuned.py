@@ -2,7 +2,7 @@
 profile a model is served with.
 
 The file (``embedder/tuned.yaml`` in the package, or ``--tuned-file``) maps a model to
-a device fingerprint (``embedder.device``) to the chosen profile fields and what was
+a device fingerprint (``embedder.core.device``) to the chosen profile fields and what was
 measured. A fleet entry opts in by leaving the choice to flotilla, ``dtype: auto`` in
 its profile for that device: then a tuned profile for this device replaces the tuned
 fields (runtime, dtype, threads, pass shape, batch budget) and the fleet keeps the rest
@@ -19,7 +19,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from embedder.fleet import DeviceKind, FleetError, ModelSpec, Profile
+from embedder.core.fleet import DeviceKind, FleetError, ModelSpec
+
+from embedder.tasks.embed.spec import EncoderProfile
 
 # The fields the tuner chooses; a tuned entry holds exactly these.
 TUNED_FIELDS = (
@@ -71,7 +73,7 @@ class TunedEntry(BaseModel):
     def _tuned_fields_only(cls, value: dict[str, Any]) -> dict[str, Any]:
         if extra := set(value) - set(TUNED_FIELDS):
             raise ValueError(f"not tuned fields: {sorted(extra)}; tuned: {list(TUNED_FIELDS)}")
-        Profile.model_validate(value)  # each value must be valid for its field
+        EncoderProfile.model_validate(value)  # each value must be valid for its field
         return value
 
 
@@ -119,7 +121,7 @@ def save_tuned(tuned: TunedProfiles, path: Path | None = None) -> Path:
 class ProfileChoice:
     """The profile a model is served with on this device, and why."""
 
-    profile: Profile
+    profile: EncoderProfile
     source: ProfileSource
     fingerprint: str
     why: str

@@ -85,7 +85,7 @@ def worker(settings: Settings) -> None:
     the JetStream consumers of its models), until SIGTERM or Ctrl-C; then finish the jobs
     in hand and hand back the rest. With --kafka and --topic it also ingests its share of
     the topic's partitions (as a member of --group) into the store, online requests first."""
-    from embedder.errors import FlotillaError
+    from embedder.core.errors import FlotillaError
 
     if not settings.nats:
         raise typer.BadParameter(
@@ -149,7 +149,7 @@ def ingest(
     passages (--no-chunking keeps them whole)."""
     import asyncio
 
-    from embedder.errors import FlotillaError
+    from embedder.core.errors import FlotillaError
 
     if (produce or server is not None) and source is None:
         raise typer.BadParameter(
@@ -224,7 +224,7 @@ def models(
     """List the fleet: names, tasks, sources and profiles."""
     if ctx.invoked_subcommand is not None:
         return
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet(settings.fleet)
     rows = [spec.model_dump(mode="json") for spec in fleet.models.values()]
@@ -351,7 +351,7 @@ def tune(
     `flotilla serve` to use."""
     import dataclasses
 
-    from embedder.errors import FlotillaError
+    from embedder.core.errors import FlotillaError
     from embedder.tuning.candidates import QUICK, Plan
     from flotilla.tune import tune as run
     from flotilla.wiring import configure_logging
@@ -404,9 +404,9 @@ def lora_add(
 ) -> None:
     """Register an adapter: validated, then copied under --adapters-dir, where running
     servers and workers sharing that directory find it on its first request."""
-    from embedder.adapters import AdapterCatalog
-    from embedder.errors import FlotillaError
-    from embedder.fleet import load_fleet
+    from embedder.core.adapters import AdapterCatalog
+    from embedder.core.errors import FlotillaError
+    from embedder.tasks.fleet import load_fleet
 
     fleet = load_fleet(settings.fleet)
     catalog = AdapterCatalog(fleet, settings.adapters_root)
@@ -555,7 +555,7 @@ def lora_train(
 ) -> None:
     """Train a LoRA adapter (in-batch and, with --train-negatives, mined hard negatives); report
     wall time, device and cost."""
-    from embedder.errors import ModelNotFound
+    from embedder.core.errors import ModelNotFound
     from lora.dataset import DatasetError
     from lora.train import TrainError
 

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from embedder.host import RuntimeLoader
-from embedder.runtimes import load_runtime
+from embedder.tasks.embed.runtimes import load_runtime
 from flotilla import wiring
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped

@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import msgspec
 
-from embedder.errors import FlotillaError
+from embedder.core.errors import FlotillaError
 from flotilla.ingest import DeadLetterFile, count_records, read_records
 from flotilla.progress import Progress
 from flotilla.settings import Settings

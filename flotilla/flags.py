@@ -17,7 +17,7 @@ import typer
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from embedder.fleet import FleetError
+from embedder.core.fleet import FleetError
 from flotilla.settings import GROUPS, Settings, section_settings, setting_fields
 
 # Rich sizes help and errors to the terminal, or to COLUMNS or TERMINAL_WIDTH; with none

@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from embedder.fleet import DeviceKind
+from embedder.core.fleet import DeviceKind
 from flotilla import wiring
 from flotilla.settings import LoraSettings
 from lora.cost import project, unit_price
@@ -83,7 +83,7 @@ def resolve_base(settings: LoraSettings, base: str, device: DeviceKind) -> BaseM
 
 
 def train(settings: LoraSettings, base: str, pairs: Path, out: Path, *, resume: bool) -> Manifest:
-    from embedder.runtimes import detect_device
+    from embedder.tasks.embed.runtimes import detect_device
     from lora.train import train as run
 
     device = detect_device() if settings.device == "auto" else settings.device

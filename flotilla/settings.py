@@ -22,8 +22,8 @@ from pydantic import BaseModel, Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from embedder.codecs import RequestLimits
-from embedder.ocr.api import OcrLimits
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.ocr.api import OcrLimits
 from embedder.queue.jetstream.config import JetStreamConfig
 from gateway.config import GatewayLimits
 from ingest.config import IngestConfig

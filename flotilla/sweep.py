@@ -33,9 +33,9 @@ from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from embedder.adapters import AdapterCatalog
-from embedder.errors import FlotillaError
-from embedder.fleet import load_fleet
+from embedder.core.adapters import AdapterCatalog
+from embedder.core.errors import FlotillaError
+from embedder.tasks.fleet import load_fleet
 from flotilla import wiring
 from flotilla.settings import LoraSettings, setting_values
 from flotilla.signals import stop_event, stopped_first

@@ -11,8 +11,8 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from embedder.jobs import ModelStates
-from embedder.lifecycle import Lifecycle
+from embedder.core.jobs import ModelStates
+from embedder.core.lifecycle import Lifecycle
 from embedder.queue.protocol import JobPuller, JobSubmitter
 from flotilla.settings import Settings
 

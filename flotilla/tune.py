@@ -21,11 +21,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from embedder.device import fingerprint, usable_cores
-from embedder.errors import FlotillaError
-from embedder.fleet import DeviceKind, ModelSpec
-from embedder.jobs import Task
-from embedder.runtimes import detect_device, load_runtime
+from embedder.core.device import fingerprint, usable_cores
+from embedder.core.errors import FlotillaError
+from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.jobs import Task
+from embedder.tasks.embed.runtimes import detect_device, load_runtime
 from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned
 from embedder.tuning.candidates import QUICK, Plan
 from embedder.tuning.corpus import TextSection, english_sections, mixed_lengths, paragraphs_of

@@ -20,14 +20,15 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-from embedder.adapters import AdapterCatalog
-from embedder.errors import ModelNotFound
-from embedder.fleet import Fleet, load_fleet
+from embedder.core.adapters import AdapterCatalog
+from embedder.core.errors import ModelNotFound
+from embedder.core.fleet import Fleet
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost, RuntimeLoader
-from embedder.jobs import Task, split_model
+from embedder.core.jobs import Task, split_model
 from embedder.queue import JobPuller
 from embedder.queue.inprocess import InProcessQueue
-from embedder.runtimes import load_runtime
+from embedder.tasks.embed.runtimes import load_runtime
 from embedder.tuned import load_tuned
 from flotilla import __version__
 from flotilla.http_server import server_config

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from embedder.lifecycle import Lifecycle
+from embedder.core.lifecycle import Lifecycle
 from ingest.health import IngestHealth
 
 MAX_REQUEST_BYTES = 8192

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from embedder.errors import LimitExceeded, Overloaded
+from embedder.core.errors import LimitExceeded, Overloaded
 
 # Retry-After bounds, seconds. Below 1 the header cannot go (whole seconds); above a
 # minute a client is better told to come back soon and look again than to wait on a

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import msgspec
 
-from embedder.adapters import AdapterCatalog
-from embedder.errors import TaskNotSupported
-from embedder.fleet import Fleet, ModelSpec
-from embedder.jobs import TASK_OF_SHAPE, ApiShape, EmbedJob, Task, split_model
-from embedder.rawjson import decode_struct, estimate_tokens
+from embedder.core.adapters import AdapterCatalog
+from embedder.core.errors import TaskNotSupported
+from embedder.core.fleet import Fleet, ModelSpec
+from embedder.core.jobs import TASK_OF_SHAPE, ApiShape, Job, Task, split_model
+from embedder.core.rawjson import decode_struct, estimate_tokens
 
 
 class _Routing(msgspec.Struct):
@@ -77,12 +77,12 @@ def annotate(
     bytes_per_token: float,
     priority: int = 0,
     adapters: AdapterCatalog | None = None,
-) -> EmbedJob:
+) -> Job:
     name, adapter = routing_fields(body)
     spec = resolve_model(fleet, name, TASK_OF_SHAPE[shape])
     if adapter is not None:
         (adapters or AdapterCatalog(fleet)).find(spec.name, adapter)  # 404 names the known ones
-    return EmbedJob.new(
+    return Job.new(
         spec.name,
         shape,
         body,

@@ -11,9 +11,9 @@ from fastapi import FastAPI, Path, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from embedder.adapters import AdapterCatalog
-from embedder.fleet import Fleet
-from embedder.jobs import TASK_OF_SHAPE, ApiShape, ModelStates, Task
+from embedder.core.adapters import AdapterCatalog
+from embedder.core.fleet import Fleet
+from embedder.core.jobs import TASK_OF_SHAPE, ApiShape, ModelStates, Task
 from embedder.queue import JobSubmitter
 from gateway import handlers, metrics
 from gateway.answers import IngestReadiness, Readiness

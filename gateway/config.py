@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from embedder.ocr.api import OcrLimits
+from embedder.tasks.ocr.api import OcrLimits
 
 
 class GatewayLimits(BaseModel):

@@ -33,10 +33,10 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from embedder.errors import FlotillaError, InvalidRequest, LimitExceeded, ModelNotFound
-from embedder.jobs import split_model
-from embedder.ocr import api as ocr_api
-from embedder.rawjson import check_depth
+from embedder.core.errors import FlotillaError, InvalidRequest, LimitExceeded, ModelNotFound
+from embedder.core.jobs import split_model
+from embedder.tasks.ocr import api as ocr_api
+from embedder.core.rawjson import check_depth
 from gateway import metrics
 from gateway.answers import DocumentsDeleted
 from gateway.openapi import ApiDocs

@@ -1,4 +1,4 @@
-"""Errors of the HTTP layer itself, in ``embedder.errors``' style (``http_status``,
+"""Errors of the HTTP layer itself, in ``embedder.core.errors``' style (``http_status``,
 ``code``), and the shapes errors are written in: the one handler in ``gateway.app``
 answers every error in its route's shape, and the OpenAPI document names the same."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from embedder.errors import FlotillaError
+from embedder.core.errors import FlotillaError
 from gateway.answers import OpenAIError, TEIError
 
 

@@ -22,12 +22,12 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from embedder.errors import DeadlineExceeded, FlotillaError, InvalidRequest
-from embedder.fleet import Fleet
-from embedder.generation.requests import Routing, check_n, max_new_tokens
-from embedder.jobs import ApiShape, EmbedJob, JobResult, Task, split_model
+from embedder.core.errors import DeadlineExceeded, FlotillaError, InvalidRequest
+from embedder.core.fleet import Fleet
+from embedder.tasks.generate.requests import Routing, check_n, max_new_tokens
+from embedder.core.jobs import ApiShape, Job, JobResult, Task, split_model
 from embedder.queue import JobSubmitter, Partial, ReplyStream, StreamingSubmitter
-from embedder.rawjson import decode_struct, estimate_tokens
+from embedder.core.rawjson import decode_struct, estimate_tokens
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.annotate import model_for
@@ -57,7 +57,7 @@ class GenerateRoute:
         self.shape = shape
         self._streams: set[str] = set()  # job ids whose client asked for a stream
 
-    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         fields = decode_struct(body, Routing)
         check_n(fields.n)
         model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
@@ -69,7 +69,7 @@ class GenerateRoute:
         bytes_per_token = gateway.config.bytes_per_token
         prompt = estimate_tokens(body, bytes_per_token, spec.max_tokens)
         new = max_new_tokens(fields) or spec.max_new_tokens
-        job = EmbedJob.new(
+        job = Job.new(
             spec.name,
             self.shape,
             body,
@@ -83,20 +83,20 @@ class GenerateRoute:
             self._streams.add(job.id)
         return job
 
-    def streams(self, job: EmbedJob) -> bool:
+    def streams(self, job: Job) -> bool:
         if job.id in self._streams:
             self._streams.discard(job.id)
             return True
         return False
 
-    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
+    async def respond(self, job: Job, result: JobResult) -> JobResult:
         return result
 
-    async def stream(self, gateway: Gateway, request: Request, job: EmbedJob) -> Response:
+    async def stream(self, gateway: Gateway, request: Request, job: Job) -> Response:
         return await stream(gateway, request, job)
 
 
-async def stream(gateway: Gateway, request: Request, job: EmbedJob) -> Response:
+async def stream(gateway: Gateway, request: Request, job: Job) -> Response:
     """Admit the job, wait for its first part, then answer with the parts as they come.
     Errors before the first part are raised (the usual error answer)."""
     held = contextlib.ExitStack()
@@ -141,7 +141,7 @@ class _EventStream(StreamingResponse):
 
 
 async def _next(
-    gateway: Gateway, request: Request, job: EmbedJob, replies: ReplyStream
+    gateway: Gateway, request: Request, job: Job, replies: ReplyStream
 ) -> Partial | JobResult:
     """The next part before the deadline, unless the client leaves first."""
     step = asyncio.ensure_future(replies.next())
@@ -163,7 +163,7 @@ async def _next(
     raise _past_deadline(job)
 
 
-def _past_deadline(job: EmbedJob) -> DeadlineExceeded:
+def _past_deadline(job: Job) -> DeadlineExceeded:
     return DeadlineExceeded(
         f"no answer within {job.deadline - job.enqueued_at:.1f} s: send a longer "
         "x-request-timeout-ms, or raise --request-timeout-s (FLOTILLA_REQUEST_TIMEOUT_S)"
@@ -172,7 +172,7 @@ def _past_deadline(job: EmbedJob) -> DeadlineExceeded:
 
 async def _events(
     gateway: Gateway,
-    job: EmbedJob,
+    job: Job,
     replies: ReplyStream,
     first: Partial | JobResult,
     held: contextlib.ExitStack,

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from embedder.errors import FlotillaError, InvalidRequest
+from embedder.core.errors import FlotillaError, InvalidRequest
 from gateway.errors import HttpError, MethodNotAllowed, RouteNotFound, error_shape
 
 

@@ -4,7 +4,7 @@ The gateway reads the model, the document's type and the pages asked for (msgspe
 the document's base64 without building it), refuses what it can tell is wrong at once
 (an unknown type, more pages than ``--ocr-max-pages``, a document whose encoded size is
 already over ``--ocr-max-document-bytes``) and sizes the job in pages
-(``embedder.ocr.api.estimate_tokens``). The worker decodes the document, checks its
+(``embedder.tasks.ocr.api.estimate_tokens``). The worker decodes the document, checks its
 pixels and pages for real, and writes the answer.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from starlette.requests import Request
 
-from embedder.errors import InvalidRequest, LimitExceeded
-from embedder.jobs import ApiShape, EmbedJob, JobResult, Task, split_model
-from embedder.ocr.api import BASE64_RATIO, Routing, check_routing, estimate_tokens
-from embedder.rawjson import decode_struct
+from embedder.core.errors import InvalidRequest, LimitExceeded
+from embedder.core.jobs import ApiShape, Job, JobResult, Task, split_model
+from embedder.tasks.ocr.api import BASE64_RATIO, Routing, check_routing, estimate_tokens
+from embedder.core.rawjson import decode_struct
 from gateway.annotate import model_for
 from gateway.generate import Gateway
 
@@ -24,7 +24,7 @@ class OcrRoute:
     def __init__(self, shape: ApiShape = ApiShape.MISTRAL_OCR) -> None:
         self.shape = shape
 
-    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         fields = decode_struct(body, Routing)
         model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
         spec = model_for(gateway.fleet, model, Task.OCR, "read documents")
@@ -39,7 +39,7 @@ class OcrRoute:
                 f"{config.ocr.max_document_bytes}: send a smaller one, or raise "
                 "--ocr-max-document-bytes (FLOTILLA_OCR_MAX_DOCUMENT_BYTES)"
             )
-        return EmbedJob.new(
+        return Job.new(
             spec.name,
             self.shape,
             body,
@@ -50,5 +50,5 @@ class OcrRoute:
             est_tokens=estimate_tokens(fields, len(body), config.ocr.max_pages),
         )
 
-    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
+    async def respond(self, job: Job, result: JobResult) -> JobResult:
         return result

@@ -2,7 +2,7 @@
 
 Documentation only: the handlers take the raw request and never validate with these
 (the gateway reads only the routing fields; the worker decodes the body with the msgspec
-structs of ``embedder.bodies``, which a test holds to the same fields). ``DOCUMENTED``
+structs of ``embedder.tasks.embed.bodies``, which a test holds to the same fields). ``DOCUMENTED``
 says what each API shape's route takes and answers; ``gateway.openapi`` puts it in the
 document. What a route answers is in ``gateway.answers``.
 """
@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from embedder.jobs import ApiShape
+from embedder.core.jobs import ApiShape
 from gateway import answers
 
 Text = Annotated[str, Field(min_length=1)]  # nor only whitespace: a 422 names the input

@@ -12,10 +12,10 @@ from typing import Any
 import msgspec
 from starlette.requests import Request
 
-from embedder.codecs import decode_raw_vectors, raw_vectors_body
-from embedder.errors import InvalidRequest
-from embedder.jobs import ApiShape, EmbedJob, JobResult, split_model
-from embedder.rawjson import estimate_tokens
+from embedder.tasks.embed.codecs import decode_raw_vectors, raw_vectors_body
+from embedder.core.errors import InvalidRequest
+from embedder.core.jobs import ApiShape, Job, JobResult, split_model
+from embedder.core.rawjson import estimate_tokens
 from gateway.service import Gateway
 from ingest.store import VectorStore
 
@@ -39,7 +39,7 @@ class CollectionSearch:
         self.model = ""
         self.search = _SearchBody(query="")
 
-    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         self.search = search = self._decode(body)
         spec = await self.store.describe(self.collection)  # CollectionNotFound: 404
         self.model = spec.model
@@ -50,7 +50,7 @@ class CollectionSearch:
         bytes_per_token = gateway.config.bytes_per_token
         served = gateway.fleet.models.get(model)  # None: check_ready answers for it
         tokens = estimate_tokens(query, bytes_per_token, served.max_tokens) if served else None
-        job = EmbedJob.new(
+        job = Job.new(
             model,
             ApiShape.RAW_VECTORS,
             query,
@@ -63,7 +63,7 @@ class CollectionSearch:
         )
         return job
 
-    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
+    async def respond(self, job: Job, result: JobResult) -> JobResult:
         vector = decode_raw_vectors(result.body, 1)[0]
         search = self.search
         hits = await self.store.search(self.collection, vector, search.limit, search.filter)

@@ -15,8 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from embedder.adapters import AdapterCatalog
-from embedder.errors import (
+from embedder.core.adapters import AdapterCatalog
+from embedder.core.errors import (
     DeadlineExceeded,
     FlotillaError,
     InvalidRequest,
@@ -24,10 +24,10 @@ from embedder.errors import (
     NotReady,
     Unauthorized,
 )
-from embedder.fleet import Fleet
-from embedder.jobs import ApiShape, EmbedJob, JobResult, ModelStates
+from embedder.core.fleet import Fleet
+from embedder.core.jobs import ApiShape, Job, JobResult, ModelStates
 from embedder.queue import JobSubmitter
-from embedder.rawjson import check_depth
+from embedder.core.rawjson import check_depth
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.annotate import annotate
@@ -40,11 +40,11 @@ log = logging.getLogger(__name__)
 class Route(Protocol):
     """A route's own part of the request path; ``Gateway.handle`` does the rest."""
 
-    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         """The annotated job for a request body (the body is only partly parsed)."""
         ...
 
-    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
+    async def respond(self, job: Job, result: JobResult) -> JobResult:
         """The response to send for the worker's result (most routes send it as is)."""
         ...
 
@@ -53,11 +53,11 @@ class Route(Protocol):
 class StreamingRoute(Protocol):
     """A route that may answer in parts (generation's server-sent events)."""
 
-    def streams(self, job: EmbedJob) -> bool:
+    def streams(self, job: Job) -> bool:
         """Whether this job's client asked for a stream."""
         ...
 
-    async def stream(self, gateway: Gateway, request: Request, job: EmbedJob) -> Response:
+    async def stream(self, gateway: Gateway, request: Request, job: Job) -> Response:
         """Admit, enqueue and answer the job in parts as the worker sends them."""
         ...
 
@@ -69,7 +69,7 @@ class ShapeRoute:
     def __init__(self, shape: ApiShape) -> None:
         self.shape = shape
 
-    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> EmbedJob:
+    async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         return annotate(
             body,
             self.shape,
@@ -81,7 +81,7 @@ class ShapeRoute:
             adapters=gateway.adapters,
         )
 
-    async def respond(self, job: EmbedJob, result: JobResult) -> JobResult:
+    async def respond(self, job: Job, result: JobResult) -> JobResult:
         return result
 
 
@@ -148,7 +148,7 @@ class Gateway:
         }
         return Response(content=result.body, media_type=result.media_type, headers=headers)
 
-    async def run(self, request: Request, job: EmbedJob) -> JobResult:
+    async def run(self, request: Request, job: Job) -> JobResult:
         with self.admission.admit(job.model, job.est_tokens):
             metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
             try:
@@ -158,7 +158,7 @@ class Gateway:
                 metrics.INFLIGHT_TOKENS.labels(job.model).dec(job.est_tokens)
 
     async def wait(
-        self, request: Request, job: EmbedJob, future: asyncio.Future[JobResult]
+        self, request: Request, job: Job, future: asyncio.Future[JobResult]
     ) -> JobResult:
         """The job's result, unless the client leaves or the deadline passes first;
         either way the job is withdrawn so no worker spends time on it."""

@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.codecs import decode_raw_vectors, raw_vectors_body
-from embedder.errors import FlotillaError
-from embedder.execute import LoadedModel
-from embedder.fleet import PromptUse
-from embedder.jobs import ApiShape, EmbedJob, split_model
+from embedder.tasks.embed.codecs import decode_raw_vectors, raw_vectors_body
+from embedder.core.errors import FlotillaError
+from embedder.tasks.embed.execute import LoadedModel
+from embedder.core.fleet import PromptUse
+from embedder.core.jobs import ApiShape, Job, split_model
 from embedder.queue import WorkQueue
-from embedder.runtimes import Runtime
+from embedder.tasks.embed.runtimes import Runtime
 from ingest.chunking import TokenWindow
 
 Embedding = NDArray[np.float32] | FlotillaError
@@ -46,9 +46,9 @@ class QueueEmbedder:
         self.priority = priority
         self.truncate = truncate  # False: an over-long document is dead-lettered, not cut
 
-    def _job(self, model: str, text: str, now: float, use: PromptUse) -> EmbedJob:
+    def _job(self, model: str, text: str, now: float, use: PromptUse) -> Job:
         base, adapter = split_model(model)  # "base:adapter" embeds with that adapter
-        return EmbedJob.new(
+        return Job.new(
             base,
             ApiShape.RAW_VECTORS,
             # A model with prompts puts the one for this use first (e5: "passage: ").

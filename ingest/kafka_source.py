@@ -35,8 +35,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import CommitFailedError, CorruptRecordException
 from prometheus_client import Counter, Gauge
 
-from embedder.errors import FlotillaError
-from embedder.lifecycle import Lifecycle
+from embedder.core.errors import FlotillaError
+from embedder.core.lifecycle import Lifecycle
 from ingest.dead_letters import ERROR_HEADER as ERROR_HEADER
 from ingest.dead_letters import dlq_topic as dlq_topic
 from ingest.dead_letters import send_dead_letters

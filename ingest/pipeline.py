@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from embedder.errors import FlotillaError, LimitExceeded
+from embedder.core.errors import FlotillaError, LimitExceeded
 from ingest.chunking import Chunking, Passage, page_passages
 from ingest.embedding import QueueEmbedder
 from ingest.reading import QueueReader, ReadFailed, ReadPage

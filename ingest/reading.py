@@ -2,7 +2,7 @@
 
 Each such record (``Upsert.document``, see ``ingest.records``) becomes one OCR job whose
 body is the ``/v1/ocr`` request and whose answer is the ``/v1/ocr`` response
-(``embedder.ocr.api``): any worker that serves the OCR model reads it, batched with the
+(``embedder.tasks.ocr.api``): any worker that serves the OCR model reads it, batched with the
 online requests of the round. Like ingest's embedding jobs (``ingest.embedding``) it has a
 long deadline and a low priority, so online requests go first.
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from embedder.errors import FlotillaError, InvalidRequest, LimitExceeded
-from embedder.jobs import ApiShape, EmbedJob
-from embedder.ocr.api import Routing, estimate_tokens
+from embedder.core.errors import FlotillaError, InvalidRequest, LimitExceeded
+from embedder.core.jobs import ApiShape, Job
+from embedder.tasks.ocr.api import Routing, estimate_tokens
 from embedder.queue import WorkQueue
 
 RETRIES = 3
@@ -114,11 +114,11 @@ class QueueReader:
         self.priority = priority
         self.max_pages = max_pages  # sizes a job as the gateway does (one page per image)
 
-    def _job(self, body: bytes, now: float) -> EmbedJob:
+    def _job(self, body: bytes, now: float) -> Job:
         routing = msgspec.json.decode(body, type=Routing)
         model = routing.model
         assert model is not None  # the record contract names the OCR model
-        return EmbedJob.new(
+        return Job.new(
             model,
             ApiShape.MISTRAL_OCR,
             body,

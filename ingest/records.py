@@ -4,7 +4,7 @@
 - value: JSON ``{"id", "text", "metadata"?, "collection"?, "model"?}``, or plain UTF-8
   text (the key is then the id). A null value (tombstone) deletes the document.
 - instead of ``text``, the value may carry a page image or a PDF to read with OCR, in
-  the ``/v1/ocr`` request's vocabulary (``embedder.ocr.api``), and ``pages``? (0-based)::
+  the ``/v1/ocr`` request's vocabulary (``embedder.tasks.ocr.api``), and ``pages``? (0-based)::
 
       {"id": "scan-7", "document": {"type": "image_url", "image_url": "data:image/png;base64,..."}}
       {"id": "scan-8", "document": {"type": "document_url",
@@ -34,8 +34,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from embedder.errors import FlotillaError
-from embedder.ocr import api as ocr_api
+from embedder.core.errors import FlotillaError
+from embedder.tasks.ocr import api as ocr_api
 from ingest.store.contract import check_collection_name
 
 COLLECTION_HEADER = "flotilla-collection"

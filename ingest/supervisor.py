@@ -19,8 +19,8 @@ from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
-from embedder.errors import FlotillaError
-from embedder.lifecycle import Lifecycle, cancel_and_wait
+from embedder.core.errors import FlotillaError
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait
 from ingest.health import IngestState, IngestStatus
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from embedder.errors import NotReady
+from embedder.core.errors import NotReady
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedder.errors import FlotillaError
+from embedder.core.errors import FlotillaError
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef
 from ingest.store import VectorStore

@@ -37,7 +37,7 @@ from typing import Any, Literal, TextIO
 import numpy as np
 import torch
 
-from embedder.device import cpu_model
+from embedder.core.device import cpu_model
 from lora.callbacks import RUN_KEY_FILE, STATE_FILE, CountingTrainer, Counts, Measure, load_counts
 from lora.config import Batches, Prices, TrainConfig
 from lora.cost import run_cost

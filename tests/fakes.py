@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.errors import AdapterInvalid
-from embedder.fleet import DeviceKind, Fleet, ModelSpec
-from embedder.jobs import TruncationSide
-from embedder.runtimes import Encoded, RuntimeInfo
+from embedder.core.errors import AdapterInvalid
+from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.core.jobs import TruncationSide
+from embedder.tasks.embed.runtimes import Encoded, RuntimeInfo
 
 FAIL_MARKER = "FAIL-THIS-BATCH"
 

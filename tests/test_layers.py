@@ -31,7 +31,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "bench": frozenset({"embedder", "ingest", "gateway", "lora", "flotilla", "tests"}),
 }
 # The worker side of embedder: the gateway reaches it only through the queue.
-WORKER_SIDE = ("embedder.worker", "embedder.host", "embedder.execute", "embedder.runtimes")
+WORKER_SIDE = ("embedder.tasks.embed.worker", "embedder.host", "embedder.tasks.embed.execute", "embedder.tasks.embed.runtimes")
 # The HTTP side: runtimes and the worker never import a web framework.
 WEB = ("fastapi", "starlette", "uvicorn", "gateway")
 

@@ -92,8 +92,8 @@ def measure(
 ) -> dict[str, Any]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from bench import texts
-    from embedder.fleet import load_fleet
-    from embedder.runtimes import Encoded, load_runtime
+    from embedder.tasks.fleet import load_fleet
+    from embedder.tasks.embed.runtimes import Encoded, load_runtime
 
     spec = load_fleet().get(MODEL)
     if dtype is not None:  # the cpu profile says "auto", which a busy machine can mislead

@@ -121,7 +121,7 @@ def gpu_like(
     """HYPOTHETICAL GPU-like numbers: ``base`` scaled, with the fleet's cuda budgets.
     Not measured: a GPU runs tokens ~100x faster, while the per-batch fixed cost
     (Python, tokenizer hand-off, kernel launches) stays of the same order."""
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     cuda = load_fleet().get(MODEL).profile("cuda")
     return replace(

@@ -5,7 +5,7 @@ this machine's runtime, ``calibrate``'s result or its fallback; ``gpu-like``: th
 scaled, HYPOTHETICAL), times ``scale`` (every device slowed alike, so that the host path
 of a 2-core machine can feed the whole emulated cluster), times each worker's own
 ``slowdown`` (heterogeneous devices). A worker reads it from its environment
-(``embedder.runtimes.emulated``: ``FLOTILLA_EMULATED_*``).
+(``embedder.tasks.embed.runtimes.emulated``: ``FLOTILLA_EMULATED_*``).
 
 Also here: which worker hosts which model (``hosting_map``), the fleet files that say so,
 and the busy fraction arithmetic over two /metrics samples. All pure but the fleet files.
@@ -72,7 +72,7 @@ class Device:
     slowdown: float = 1.0
 
     def env(self) -> dict[str, str]:
-        """What the worker process reads (``embedder.runtimes.emulated``)."""
+        """What the worker process reads (``embedder.tasks.embed.runtimes.emulated``)."""
         return {
             "FLOTILLA_EMULATED_FIXED_MS": f"{1e3 * self.cost.fixed_s:.6g}",
             "FLOTILLA_EMULATED_MS_PER_1K_TOKENS": f"{1e6 * self.cost.per_token_s:.6g}",

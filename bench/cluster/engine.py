@@ -2,7 +2,7 @@
 
 Each worker runs one batch at a time; a batch costs what the real runtime
 measured (``bench.cluster.cost_model``: fixed cost + per padded token) and is
-formed by the worker's own rule (``embedder.batching``): a model's group is
+formed by the worker's own rule (``embedder.tasks.embed.batching``): a model's group is
 flushed when it holds ``max_batch_tokens`` or ``max_batch_requests``, or when
 its oldest request has waited ``max_wait_ms``; the batch is the most urgent
 group (earliest deadline, here earliest arrival) filled in arrival order up to

@@ -26,7 +26,7 @@ from bench.cluster.cost_model import CostModel
 from bench.cluster.engine import SimResult, simulate
 from bench.cluster.policies import POLICIES, VIEW_POLICIES
 from bench.cluster.workloads import SEED, Capacity, Workload, capacity, make_workload
-from embedder.device import cpu_model
+from embedder.core.device import cpu_model
 
 
 def max_load(

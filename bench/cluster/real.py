@@ -55,7 +55,7 @@ from bench.cluster.router import POLICIES
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     started = time.perf_counter()
     fleet = load_fleet(args.fleet)

@@ -43,7 +43,7 @@ from bench.cluster.policies import (
     power_of_two,
     round_robin,
 )
-from embedder.lifecycle import cancel_and_wait
+from embedder.core.lifecycle import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Push against pull at cluster scale: 16-64 real worker processes on emulated devices.
 
 Every worker is a real flotilla process (``ModelHost`` -> ``Worker``: pull what fits the
-token budget, form the batch, run it) on the emulated device (``embedder.runtimes.
+token budget, form the batch, run it) on the emulated device (``embedder.tasks.embed.runtimes.
 emulated``: the real tokenizer, a forward that sleeps for the cost a measured runtime's
 fit gives it, ``bench.cluster.emulation``), one thread each and no torch, so dozens fit
 on a 2-core machine. For each workload (``scale_load``: small requests, heterogeneous
@@ -181,7 +181,7 @@ async def run_side(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     started = time.perf_counter()
     spec = load_fleet().get("all-minilm-l6-v2")

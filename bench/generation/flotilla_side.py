@@ -36,8 +36,8 @@ def fleet_file(side: FlotillaSide, path: Path) -> str | None:
     """Write the one-model fleet to ``path``; the reason to skip instead, or None."""
     if side.model is None:
         return "no --flotilla-model given (a fleet entry with task: generate)"
-    from embedder.errors import FlotillaError
-    from embedder.fleet import load_fleet
+    from embedder.core.errors import FlotillaError
+    from embedder.tasks.fleet import load_fleet
 
     try:
         fleet = load_fleet(side.fleet)

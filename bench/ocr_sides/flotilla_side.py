@@ -43,8 +43,8 @@ class Served:
 def fleet_file(side: FlotillaSide, path: Path) -> str:
     """Write the one-model fleet to ``path``; its model's name. SkipSide with the
     reason when the fleet has no such OCR entry."""
-    from embedder.errors import FlotillaError
-    from embedder.fleet import load_fleet
+    from embedder.core.errors import FlotillaError
+    from embedder.tasks.fleet import load_fleet
 
     try:
         fleet = load_fleet(side.fleet)

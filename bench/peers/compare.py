@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder import runtimes
+from embedder.tasks.embed import runtimes
 
 MIN_COSINE = runtimes.MIN_COSINE  # the guard every reduced precision of flotilla's passes
 

@@ -6,7 +6,7 @@ or fixes a file, and the message says which.
 
 from __future__ import annotations
 
-from embedder.errors import FlotillaError
+from embedder.core.errors import FlotillaError
 
 
 class ModelImportError(FlotillaError):

@@ -14,8 +14,8 @@ import heapq
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
 
-from embedder.batching import take_within, urgency
-from embedder.jobs import EmbedJob, JobResult
+from embedder.tasks.embed.batching import take_within, urgency
+from embedder.core.jobs import Job, JobResult
 from embedder.queue.protocol import Outcome, Partial, ReplyStream, resolve
 
 
@@ -24,7 +24,7 @@ class InProcessQueue:
     event loop."""
 
     def __init__(self) -> None:
-        self._heaps: dict[str, list[tuple[tuple[float, int, float, str], EmbedJob]]] = {}
+        self._heaps: dict[str, list[tuple[tuple[float, int, float, str], Job]]] = {}
         self._waiters: dict[str, asyncio.Future[JobResult]] = {}
         self._streams: dict[str, ReplyStream] = {}
         # Parts of jobs whose requester takes the answer whole (a relay, say): joined
@@ -32,7 +32,7 @@ class InProcessQueue:
         self._parts: dict[str, list[bytes]] = {}
         self._available = asyncio.Condition()
 
-    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+    async def put(self, job: Job) -> asyncio.Future[JobResult]:
         if job.id in self._waiters:
             raise ValueError(f"job id {job.id!r} is already queued")
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
@@ -43,7 +43,7 @@ class InProcessQueue:
             self._available.notify_all()
         return future
 
-    async def put_streaming(self, job: EmbedJob) -> ReplyStream:
+    async def put_streaming(self, job: Job) -> ReplyStream:
         stream = ReplyStream(await self.put(job))
         self._streams[job.id] = stream
         return stream
@@ -69,7 +69,7 @@ class InProcessQueue:
 
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
-    ) -> list[EmbedJob]:
+    ) -> list[Job]:
         async with self._available:
             if self._most_urgent(models) is None:
                 try:
@@ -81,7 +81,7 @@ class InProcessQueue:
                     return []
             return take_within(self._heads(models), max_tokens)
 
-    def _heads(self, models: Collection[str]) -> Iterator[EmbedJob]:
+    def _heads(self, models: Collection[str]) -> Iterator[Job]:
         """Live jobs most urgent first; each is popped only when the next one is asked
         for, that is once the caller has taken it."""
         while (heap := self._most_urgent(models)) is not None:
@@ -90,7 +90,7 @@ class InProcessQueue:
 
     def _most_urgent(
         self, models: Collection[str]
-    ) -> list[tuple[tuple[float, int, float, str], EmbedJob]] | None:
+    ) -> list[tuple[tuple[float, int, float, str], Job]] | None:
         """The heap whose live head is most urgent; withdrawn jobs at heads are discarded."""
         best = None
         for model in models:

@@ -30,8 +30,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from embedder.errors import FlotillaError
-from embedder.jobs import EmbedJob, JobResult
+from embedder.core.errors import FlotillaError
+from embedder.core.jobs import Job, JobResult
 
 Outcome = JobResult | FlotillaError
 
@@ -39,7 +39,7 @@ Outcome = JobResult | FlotillaError
 class JobSubmitter(Protocol):
     """The gateway's half: hand a job in, await its outcome."""
 
-    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+    async def put(self, job: Job) -> asyncio.Future[JobResult]:
         """Enqueue a job; the future resolves with its result or raises its error.
         Cancelling the future withdraws the job."""
         ...
@@ -55,7 +55,7 @@ class JobPuller(Protocol):
 
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
-    ) -> list[EmbedJob]:
+    ) -> list[Job]:
         """Take the most urgent jobs for ``models`` up to ``max_tokens`` (at least one
         when any is waiting); wait up to ``timeout_s`` for the first."""
         ...
@@ -116,7 +116,7 @@ class ReplyStream:
 
 @runtime_checkable
 class StreamingSubmitter(Protocol):
-    async def put_streaming(self, job: EmbedJob) -> ReplyStream:
+    async def put_streaming(self, job: Job) -> ReplyStream:
         """``put``, answered in parts."""
         ...
 

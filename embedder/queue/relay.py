@@ -21,9 +21,9 @@ import functools
 import logging
 from collections.abc import Callable, Collection
 
-from embedder.errors import FlotillaError
-from embedder.jobs import EmbedJob, JobResult
-from embedder.lifecycle import Lifecycle, watch
+from embedder.core.errors import FlotillaError
+from embedder.core.jobs import Job, JobResult
+from embedder.core.lifecycle import Lifecycle, watch
 from embedder.queue.protocol import JobPuller, Outcome, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class Relay(Lifecycle):
         self.into = into
         self.models = models
         self.budget = budget
-        self._relayed: dict[str, tuple[EmbedJob, asyncio.Future[JobResult]]] = {}
+        self._relayed: dict[str, tuple[Job, asyncio.Future[JobResult]]] = {}
         self._room = asyncio.Event()
         self._replies: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
@@ -98,7 +98,7 @@ class Relay(Lifecycle):
                 await self._relay(job)
             self._withdraw_unanswered()
 
-    async def _relay(self, job: EmbedJob) -> None:
+    async def _relay(self, job: Job) -> None:
         try:
             future = await self.into.put(job)
         except ValueError:

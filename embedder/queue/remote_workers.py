@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from embedder.jobs import ModelState
+from embedder.core.jobs import ModelState
 
 
 class Sighting(Protocol):

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from embedder.fleet import DeviceKind, Precision, Profile
-from embedder.runtimes import PRECISIONS, RUNTIMES
+from embedder.core.fleet import DeviceKind, Precision
+
+from embedder.tasks.embed.spec import EncoderProfile
+from embedder.tasks.embed.runtimes import PRECISIONS, RUNTIMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +22,7 @@ class Candidate:
     max_batch_tokens: int
 
     @staticmethod
-    def of(profile: Profile, threads: int) -> Candidate:
+    def of(profile: EncoderProfile, threads: int) -> Candidate:
         """The fleet's own profile as a candidate, with ``threads`` when it says 0."""
         return Candidate(
             profile.runtime,

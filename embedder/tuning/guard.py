@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from embedder.fleet import Precision
-from embedder.runtimes import MIN_COSINE
+from embedder.core.fleet import Precision
+from embedder.tasks.embed.runtimes import MIN_COSINE
 
 MAX_NDCG_DROP = 0.005
 # Precisions whose rounding is coarse enough that cosine alone does not vouch for them.

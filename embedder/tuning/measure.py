@@ -12,7 +12,7 @@ from time import perf_counter  # a name of this module: tests give it a fake clo
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.runtimes import Encoded, Runtime
+from embedder.tasks.embed.runtimes import Encoded, Runtime
 
 
 @dataclass(frozen=True, slots=True)

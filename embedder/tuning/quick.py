@@ -5,8 +5,8 @@ can admit them."""
 
 from __future__ import annotations
 
-from embedder.device import usable_cores
-from embedder.fleet import DeviceKind, ModelSpec
+from embedder.core.device import usable_cores
+from embedder.core.fleet import DeviceKind, ModelSpec
 from embedder.tuned import ProfileChoice
 from embedder.tuning.candidates import QUICK
 from embedder.tuning.corpus import english_sections, mixed_lengths, paragraphs_of

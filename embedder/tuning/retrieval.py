@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.fleet import ModelSpec
-from embedder.runtimes import Encoded, Runtime
+from embedder.core.fleet import ModelSpec
+from embedder.tasks.embed.runtimes import Encoded, Runtime
 
 Run = Mapping[str, Sequence[str]]
 Qrels = Mapping[str, Mapping[str, int]]

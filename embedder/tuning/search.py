@@ -20,10 +20,10 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.errors import FlotillaError
-from embedder.fleet import DeviceKind, ModelSpec
-from embedder.jobs import Task
-from embedder.runtimes import Runtime, worst_cosine
+from embedder.core.errors import FlotillaError
+from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.jobs import Task
+from embedder.tasks.embed.runtimes import Runtime, worst_cosine
 from embedder.tuning.candidates import Candidate, Plan, precisions, thread_counts
 from embedder.tuning.guard import Verdict, judge, needs_retrieval_check
 from embedder.tuning.measure import Workload, batches, timed_pass

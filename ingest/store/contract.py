@@ -51,7 +51,7 @@ from typing import Any, Literal, Protocol, Self, TypeAlias, get_args
 import numpy as np
 import numpy.typing as npt
 
-from embedder.lifecycle import Closable
+from embedder.core.lifecycle import Closable
 from ingest.store.errors import CollectionModelMismatch, InvalidStoreRequest, StoreError
 
 # Never change: every stored point id is derived from it, so a new value would re-key

@@ -47,7 +47,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import qdrant_edge as qe
 
-from embedder.lifecycle import Closable
+from embedder.core.lifecycle import Closable
 from ingest.store.contract import (
     DISTANCES,
     AtLeast,

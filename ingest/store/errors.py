@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-from embedder.errors import FlotillaError
+from embedder.core.errors import FlotillaError
 
 
 class StoreError(FlotillaError):

@@ -24,7 +24,7 @@ from qdrant_client import AsyncQdrantClient, models
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from embedder.lifecycle import Closable
+from embedder.core.lifecycle import Closable
 from ingest.store.contract import (
     AtLeast,
     CollectionSpec,

@@ -15,8 +15,8 @@ from bench.candidates import (
     tuned_candidate,
     with_profile,
 )
-from embedder.device import fingerprint
-from embedder.fleet import ModelSpec
+from embedder.core.device import fingerprint
+from embedder.core.fleet import ModelSpec
 from embedder.tuned import TunedProfiles
 from tests.fakes import fake_fleet
 

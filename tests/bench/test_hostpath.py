@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import hostpath, served
-from embedder.fleet import load_fleet
+from embedder.tasks.fleet import load_fleet
 
 
 def test_every_profile_of_the_served_model_runs_on_the_emulated_device() -> None:

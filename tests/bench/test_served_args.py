@@ -24,7 +24,7 @@ def test_the_profile_override_reaches_the_device_profile(tmp_path: Path) -> None
 
 
 def test_the_served_fleet_file_leaves_the_profile_to_tuning_unless_overridden() -> None:
-    from embedder.fleet import Fleet
+    from embedder.core.fleet import Fleet
     from embedder.tuned import tunable
 
     def written(spec):  # what the server reads back from the benchmark's fleet file

@@ -21,8 +21,8 @@ import httpx
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.fleet import load_fleet
-from embedder.runtimes import load_runtime
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.embed.runtimes import load_runtime
 from tests.gateway.conftest import hub_offline
 from tests.kafka.fixtures import unique_name
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 import yaml
 
-from embedder.fleet import load_fleet
-from embedder.jobs import ModelState
+from embedder.tasks.fleet import load_fleet
+from embedder.core.jobs import ModelState
 from embedder.queue.jetstream.liveness import WorkerLiveness
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.settings import Settings

@@ -1,4 +1,4 @@
-"""micro_batches (embedder.batching): how a runtime splits one batch into forward passes."""
+"""micro_batches (embedder.tasks.embed.batching): how a runtime splits one batch into forward passes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embedder.batching import micro_batches
+from embedder.tasks.embed.batching import micro_batches
 
 lengths_lists = st.lists(st.integers(1, 600), max_size=60)
 token_budgets = st.integers(1, 4096)

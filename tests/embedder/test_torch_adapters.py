@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from embedder.adapters import ResidentAdapters
-from embedder.errors import AdapterInvalid
-from embedder.fleet import load_fleet
-from embedder.runtimes import Runtime, load_runtime
+from embedder.core.adapters import ResidentAdapters
+from embedder.core.errors import AdapterInvalid
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.embed.runtimes import Runtime, load_runtime
 from tests.gateway.conftest import hub_offline
 from tests.tiny_models import build_tiny_embedder, build_tiny_lora, merged_embedder, tiny_fleet_file
 

@@ -9,9 +9,11 @@ import pytest
 import torch
 from numpy.typing import NDArray
 
-from embedder.fleet import FleetError, ModelSpec, Precision, load_fleet
-from embedder.runtimes import MIN_COSINE, load_runtime
-from embedder.runtimes.torch_st import CPU_PRECISIONS, TorchRuntime, cpu_has_bf16
+from embedder.core.fleet import FleetError, ModelSpec, Precision
+
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.embed.runtimes import MIN_COSINE, load_runtime
+from embedder.tasks.embed.runtimes.torch_st import CPU_PRECISIONS, TorchRuntime, cpu_has_bf16
 from tests.gateway.conftest import hub_offline
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from embedder.fleet import Fleet, FleetError, ModelSpec
+from embedder.core.fleet import Fleet, FleetError, ModelSpec
 from embedder.tuned import (
     DEFAULT_TUNED,
     Measured,

@@ -384,7 +384,7 @@ def test_models_import_takes_the_cache_flag_over_the_variable(
 def test_lora_add_takes_the_directory_flags_over_the_variables(
     runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import embedder.adapters
+    import embedder.core.adapters
 
     roots: list[Path] = []
 
@@ -395,7 +395,7 @@ def test_lora_add_takes_the_directory_flags_over_the_variables(
         def register(self, model: str, name: str, folder: Path) -> SimpleNamespace:
             return SimpleNamespace(base=model, name=name, folder=folder, rank=None)
 
-    monkeypatch.setattr(embedder.adapters, "AdapterCatalog", Catalog)
+    monkeypatch.setattr(embedder.core.adapters, "AdapterCatalog", Catalog)
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(FLEET % {"folder": tmp_path}, encoding="utf-8")
     add = ["lora", "add", "legal", str(tmp_path), "--fleet", str(fleet)]

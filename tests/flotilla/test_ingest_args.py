@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from embedder.errors import ModelNotFound
+from embedder.core.errors import ModelNotFound
 from flotilla import wiring
 from flotilla.cli import app
 from flotilla.settings import Settings

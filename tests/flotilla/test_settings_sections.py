@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 import flotilla.serve
-from embedder.codecs import RequestLimits
-from embedder.fleet import load_fleet
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost
-from embedder.ocr.api import OcrLimits
+from embedder.tasks.ocr.api import OcrLimits
 from embedder.queue.inprocess import InProcessQueue
 from embedder.queue.jetstream.config import JetStreamConfig
 from flotilla import wiring

@@ -13,8 +13,8 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from embedder.device import fingerprint
-from embedder.fleet import load_fleet
+from embedder.core.device import fingerprint
+from embedder.tasks.fleet import load_fleet
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tuned import load_tuned
 from flotilla.cli import app

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-import embedder.metrics  # noqa: F401  (registers the worker's counters, as a worker does)
+import embedder.serving.metrics  # noqa: F401  (registers the worker's counters, as a worker does)
 from flotilla.worker_http import WorkerHttp
 from ingest.health import IngestStatus
 

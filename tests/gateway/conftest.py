@@ -21,11 +21,11 @@ import pytest
 from fastapi import FastAPI
 from numpy.typing import NDArray
 
-from embedder.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.host import ModelHost, RuntimeLoader
-from embedder.jobs import EmbedJob, JobResult, Task
+from embedder.core.jobs import Job, JobResult, Task
 from embedder.queue.inprocess import InProcessQueue
-from embedder.runtimes import Encoded
+from embedder.tasks.embed.runtimes import Encoded
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app
@@ -111,9 +111,9 @@ class RecordingQueue(InProcessQueue):
 
     def __init__(self) -> None:
         super().__init__()
-        self.jobs: list[tuple[EmbedJob, asyncio.Future[JobResult]]] = []
+        self.jobs: list[tuple[Job, asyncio.Future[JobResult]]] = []
 
-    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+    async def put(self, job: Job) -> asyncio.Future[JobResult]:
         future = await super().put(job)
         self.jobs.append((job, future))
         return future

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import uvicorn
 from fastapi import FastAPI
 
-from embedder.adapters import AdapterCatalog
-from embedder.fleet import Fleet
+from embedder.core.adapters import AdapterCatalog
+from embedder.core.fleet import Fleet
 from embedder.host import ModelHost, RuntimeLoader
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.http_server import server_config

@@ -7,7 +7,7 @@ import base64
 import json
 from types import SimpleNamespace
 
-from embedder.ocr.api import TOKENS_PER_PAGE
+from embedder.tasks.ocr.api import TOKENS_PER_PAGE
 from gateway.config import GatewayConfig
 from gateway.documents import CollectionDocuments
 

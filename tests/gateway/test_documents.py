@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from embedder.adapters import AdapterCatalog
-from embedder.codecs import RequestLimits
+from embedder.core.adapters import AdapterCatalog
+from embedder.tasks.embed.codecs import RequestLimits
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings

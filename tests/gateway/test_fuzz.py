@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import schemathesis
 
-from embedder.adapters import AdapterCatalog
+from embedder.core.adapters import AdapterCatalog
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings

@@ -18,11 +18,11 @@ import torch
 import uvicorn
 import yaml
 
-from embedder import metrics
-from embedder.generation.runtime import GenerationRuntime
+from embedder.serving import metrics
+from embedder.tasks.generate.runtime import GenerationRuntime
 from flotilla.serve import build_app
 from flotilla.settings import Settings
-from tests.embedder.generation.conftest import TINY_SOURCE, TINY_TEMPLATE
+from tests.embedder.tasks.generate.conftest import TINY_SOURCE, TINY_TEMPLATE
 from tests.gateway.conftest import _free_port, hub_offline
 from tests.ready import wait_ready
 from tests.tiny_models import build_tiny_embedder

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from embedder.fleet import Fleet
-from embedder.jobs import ModelState
+from embedder.core.fleet import Fleet
+from embedder.core.jobs import ModelState
 from embedder.queue.inprocess import InProcessQueue
 from gateway.app import create_app
 from gateway.config import GatewayConfig, GatewayLimits

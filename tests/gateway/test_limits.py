@@ -11,9 +11,9 @@ import httpx
 import numpy as np
 import pytest
 
-from embedder.jobs import TruncationSide
-from embedder.rawjson import MAX_DEPTH
-from embedder.runtimes import Encoded
+from embedder.core.jobs import TruncationSide
+from embedder.core.rawjson import MAX_DEPTH
+from embedder.tasks.embed.runtimes import Encoded
 from flotilla.settings import Settings
 from gateway.app import ROUTES
 from ingest.store.qdrant import QdrantStore

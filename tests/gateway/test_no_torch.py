@@ -35,7 +35,7 @@ def heavy_modules_after(*imports: str, heavy: tuple[str, ...] = HEAVY) -> list[s
     [
         ("gateway.app", "gateway.service", "flotilla.cli"),
         # What `flotilla serve` imports before its worker loads a model.
-        ("flotilla.serve", "embedder.host", "embedder.runtimes"),
+        ("flotilla.serve", "embedder.host", "embedder.tasks.embed.runtimes"),
     ],
 )
 def test_gateway_imports_leave_torch_out(modules: tuple[str, ...]) -> None:
@@ -44,5 +44,5 @@ def test_gateway_imports_leave_torch_out(modules: tuple[str, ...]) -> None:
 
 def test_the_probe_sees_torch_when_it_is_imported() -> None:
     """Guards the guard: the same probe reports torch once a runtime module is imported."""
-    loaded = heavy_modules_after("gateway.app", "embedder.runtimes.torch_st")
+    loaded = heavy_modules_after("gateway.app", "embedder.tasks.embed.runtimes.torch_st")
     assert "torch" in loaded

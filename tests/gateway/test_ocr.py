@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from embedder.fleet import load_fleet
+from embedder.tasks.fleet import load_fleet
 from flotilla.settings import Settings
-from tests.embedder.ocr.samples import (
+from tests.embedder.tasks.ocr.samples import (
     broken_xref_pdf,
     image_pdf,
     png_bytes,
@@ -22,7 +22,7 @@ from tests.embedder.ocr.samples import (
     repairable_xref_pdf,
     text_pdf,
 )
-from tests.embedder.ocr.test_documents import huge_png_header
+from tests.embedder.tasks.ocr.test_documents import huge_png_header
 from tests.gateway.live import Live, live_server
 
 MODEL = "ppocrv5-mobile"

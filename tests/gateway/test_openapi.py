@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from embedder import bodies
-from embedder.codecs import RequestLimits
+from embedder.tasks.embed import bodies
+from embedder.tasks.embed.codecs import RequestLimits
 from embedder.host import ModelHost
-from embedder.jobs import ApiShape
+from embedder.core.jobs import ApiShape
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
@@ -88,7 +88,7 @@ async def test_probes_document_their_answers(document: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("shape", list(DOCUMENTED))
 def test_documented_fields_are_the_decoded_fields(shape: ApiShape) -> None:
-    # The decoders' own structs (embedder.bodies): the documented request names the same
+    # The decoders' own structs (embedder.tasks.embed.bodies): the documented request names the same
     # fields, and the routing fields every body may carry, so it cannot drift from them.
     documented = set(DOCUMENTED[shape].request.model_fields)
     decoded = set(bodies.BODIES[shape].__struct_fields__) | {"model", "adapter"}

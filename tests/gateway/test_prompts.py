@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from embedder.codecs import RequestLimits
-from embedder.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
-from embedder.runtimes import Runtime, load_runtime
+from embedder.tasks.embed.runtimes import Runtime, load_runtime
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config
 from gateway.app import create_app

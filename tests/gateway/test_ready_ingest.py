@@ -7,7 +7,7 @@ import asyncio
 
 import httpx
 
-from embedder.codecs import RequestLimits
+from embedder.tasks.embed.codecs import RequestLimits
 from embedder.host import ModelHost
 from flotilla.settings import Settings
 from flotilla.wiring import gateway_config

@@ -17,7 +17,7 @@ import pytest
 from huggingface_hub import InferenceClient
 from numpy.typing import NDArray
 
-from embedder.runtimes import MIN_COSINE as MIN_PRECISION_COSINE
+from embedder.tasks.embed.runtimes import MIN_COSINE as MIN_PRECISION_COSINE
 from tests.gateway.conftest import RealServer, hub_offline
 
 pytestmark = pytest.mark.slow
@@ -275,7 +275,7 @@ def test_the_bundled_gesetze_adapter_serves_what_the_merged_model_gives(
     from peft import PeftModel
     from sentence_transformers import SentenceTransformer
 
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     folder = load_fleet().get(E5).adapters["gesetze"]
     with hub_offline():

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from embedder.fleet import Fleet, load_fleet
-from embedder.runtimes import load_runtime
+from embedder.core.fleet import Fleet
+
+from embedder.tasks.fleet import load_fleet
+from embedder.tasks.embed.runtimes import load_runtime
 from flotilla.settings import Settings
 from tests.gateway.conftest import StackFactory, hub_offline
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from embedder.errors import LimitExceeded, Overloaded
+from embedder.core.errors import LimitExceeded, Overloaded
 from flotilla.settings import Settings
 from gateway.admission import MAX_RETRY_AFTER_S, Admission, retry_after_s
 from tests.gateway.conftest import Loader, StackFactory

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from embedder.adapters import AdapterCatalog
-from embedder.codecs import RequestLimits
-from embedder.fleet import Fleet
+from embedder.core.adapters import AdapterCatalog
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.core.fleet import Fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.settings import Settings

@@ -211,8 +211,8 @@ def test_every_section_of_the_bgb_splits_into_fitting_exact_spans(tokenizer: Tok
 def test_a_loaded_model_is_counted_as_its_worker_counts() -> None:
     """``token_window`` counts with a private copy of the runtime's tokenizer: the same
     numbers as the runtime's own ``tokenize``, prompt and special tokens included."""
-    from embedder.fleet import load_fleet
-    from embedder.runtimes.emulated import load
+    from embedder.tasks.fleet import load_fleet
+    from embedder.tasks.embed.runtimes.emulated import load
     from ingest.embedding import token_window
 
     runtime = load(load_fleet(None).get("all-minilm-l6-v2"), "cpu", 1)  # its real tokenizer

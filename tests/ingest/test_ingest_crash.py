@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedder.fleet import load_fleet
+from embedder.tasks.fleet import load_fleet
 from ingest.store import Point, chunk_point_id
 from ingest.store.qdrant import QdrantStore
 from tests.distributed.cluster import Process

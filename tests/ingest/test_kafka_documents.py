@@ -24,8 +24,8 @@ from ingest.pipeline import RawRecord
 from ingest.records import SourceRef
 from ingest.store import chunk_point_id
 from ingest.store.qdrant import QdrantStore
-from tests.embedder.ocr.samples import broken_xref_pdf, image_pdf, png_bytes, render_lines
-from tests.embedder.ocr.test_documents import huge_png_header
+from tests.embedder.tasks.ocr.samples import broken_xref_pdf, image_pdf, png_bytes, render_lines
+from tests.embedder.tasks.ocr.test_documents import huge_png_header
 from tests.gateway.conftest import hub_offline
 from tests.ingest.kafka_helpers import committed_lag, create_topic, produce, read_all, until
 from tests.kafka.broker import KafkaBroker

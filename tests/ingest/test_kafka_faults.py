@@ -22,8 +22,8 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
-from embedder.codecs import RequestLimits
-from embedder.fleet import load_fleet
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from flotilla.serve import build_app

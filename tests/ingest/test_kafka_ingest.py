@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedder.codecs import RequestLimits
-from embedder.fleet import Fleet, load_fleet
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.core.fleet import Fleet
+from embedder.tasks.fleet import load_fleet
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
-from embedder.runtimes import load_runtime
+from embedder.tasks.embed.runtimes import load_runtime
 from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import ERROR_HEADER, KafkaSource, dlq_topic
 from ingest.pipeline import Backoff, IngestCore

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedder.codecs import RequestLimits
+from embedder.tasks.embed.codecs import RequestLimits
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from ingest.chunking import Chunking

@@ -16,8 +16,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from prometheus_client import Counter as MetricCounter
 
-from embedder.errors import Undeliverable
-from embedder.lifecycle import Lifecycle
+from embedder.core.errors import Undeliverable
+from embedder.core.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.streams import MAX_DELIVERIES_ADVISORY

@@ -19,8 +19,8 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.kv import KeyValue
 
-from embedder.jobs import ModelStates
-from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.core.jobs import ModelStates
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.streams import workers_bucket
 from embedder.queue.jetstream.submitter import connect

@@ -18,10 +18,10 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from prometheus_client import Counter as MetricCounter
 
-from embedder.batching import take_within, urgency
-from embedder.errors import LimitExceeded
-from embedder.jobs import EmbedJob
-from embedder.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.tasks.embed.batching import take_within, urgency
+from embedder.core.errors import LimitExceeded
+from embedder.core.jobs import Job
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.dead_letters import DeadLetters
@@ -159,7 +159,7 @@ class JetStreamPuller(Lifecycle):
 
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
-    ) -> list[EmbedJob]:
+    ) -> list[Job]:
         if not self._serving or not models:
             await asyncio.sleep(timeout_s)
             return []
@@ -338,7 +338,7 @@ class JetStreamPuller(Lifecycle):
             await asyncio.sleep(timeout_s)
             return []
 
-    async def _admit(self, msg: Msg, now: float) -> EmbedJob | None:
+    async def _admit(self, msg: Msg, now: float) -> Job | None:
         try:
             job, reply_to = wire.decode_job(msg.headers, msg.data)
         except wire.MalformedRecord as exc:

@@ -20,9 +20,9 @@ from nats.errors import MaxPayloadError
 from nats.js import JetStreamContext
 from prometheus_client import Counter as MetricCounter
 
-from embedder.errors import DeadlineExceeded, InferenceFailed, LimitExceeded, NotReady
-from embedder.jobs import EmbedJob, JobResult
-from embedder.lifecycle import Lifecycle
+from embedder.core.errors import DeadlineExceeded, InferenceFailed, LimitExceeded, NotReady
+from embedder.core.jobs import Job, JobResult
+from embedder.core.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.streams import ensure_streams
@@ -91,7 +91,7 @@ class JetStreamSubmitter(Lifecycle):
                 future.set_exception(NotReady("the gateway is shutting down"))
         await nc.close()
 
-    async def put(self, job: EmbedJob) -> asyncio.Future[JobResult]:
+    async def put(self, job: Job) -> asyncio.Future[JobResult]:
         if self._nc is None or self._js is None:
             raise NotReady("the JetStream work queue is not started")
         if job.id in self._waiters:
@@ -133,7 +133,7 @@ class JetStreamSubmitter(Lifecycle):
         future.add_done_callback(functools.partial(self._announce_withdrawal, job.id))
         return future
 
-    async def put_streaming(self, job: EmbedJob) -> ReplyStream:
+    async def put_streaming(self, job: Job) -> ReplyStream:
         stream = ReplyStream(await self.put(job))
         self._streams[job.id] = _Reassembly(stream)
         return stream

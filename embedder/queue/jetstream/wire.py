@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from embedder.errors import FlotillaError
-from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.core.errors import FlotillaError
+from embedder.core.jobs import ApiShape, Job, JobResult, Timings
 from embedder.queue.protocol import Outcome, Partial
 
 Headers = dict[str, str]
@@ -54,7 +54,7 @@ def _text(value: str | int | float) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def encode_job(job: EmbedJob, reply_to: str) -> Headers:
+def encode_job(job: Job, reply_to: str) -> Headers:
     """The headers of a job's message; the payload is ``job.body`` itself."""
     headers = {
         MSG_ID: job.id,
@@ -72,11 +72,11 @@ def encode_job(job: EmbedJob, reply_to: str) -> Headers:
     return headers
 
 
-def decode_job(headers: Headers | None, payload: bytes | None) -> tuple[EmbedJob, str]:
+def decode_job(headers: Headers | None, payload: bytes | None) -> tuple[Job, str]:
     """The job and the subject its reply goes to; ``MalformedRecord`` when not one."""
     fields = headers or {}
     try:
-        job = EmbedJob(
+        job = Job(
             id=fields[ID],
             model=fields[MODEL],
             shape=ApiShape(fields[SHAPE]),

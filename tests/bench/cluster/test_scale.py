@@ -58,7 +58,7 @@ def test_a_device_batches_up_to_where_its_fixed_cost_is_amortized() -> None:
 def test_the_emulated_fleet_carries_the_devices_limits_in_its_time(tmp_path: Path) -> None:
     import yaml
 
-    from embedder.fleet import load_fleet
+    from embedder.tasks.fleet import load_fleet
 
     cost = device_cost("cpu", 4.0)
     spec = load_fleet().get("all-minilm-l6-v2")

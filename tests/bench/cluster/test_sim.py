@@ -16,7 +16,7 @@ from bench.cluster.experiments import max_load
 from bench.cluster.policies import POLICIES, PUSH
 from bench.cluster.sim import main
 from bench.cluster.workloads import Workload, capacity, make_workload
-from embedder.batching import micro_batches
+from embedder.tasks.embed.batching import micro_batches
 
 COST = CostModel(
     label="test: fixed",

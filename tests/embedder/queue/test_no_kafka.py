@@ -17,7 +17,7 @@ KAFKA = ("aiokafka",)
     [
         ("embedder.queue", "embedder.queue.inprocess"),
         # The one-machine gateway and worker, as `flotilla serve` wires them.
-        ("gateway.app", "gateway.service", "embedder.host", "embedder.worker"),
+        ("gateway.app", "gateway.service", "embedder.host", "embedder.tasks.embed.worker"),
         # Requests travel on JetStream: only ingest talks to Kafka.
         ("embedder.queue.jetstream.submitter", "embedder.queue.jetstream.puller"),
     ],
@@ -39,7 +39,7 @@ NATS = ("nats",)
     "modules",
     [
         ("embedder.queue", "embedder.queue.inprocess"),
-        ("gateway.app", "gateway.service", "embedder.host", "embedder.worker"),
+        ("gateway.app", "gateway.service", "embedder.host", "embedder.tasks.embed.worker"),
         # The JetStream message format: its package must not drag the client in either.
         ("embedder.queue.jetstream", "embedder.queue.jetstream.wire"),
     ],

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection, Iterable
 
-from embedder.batching import take_within, urgency
-from embedder.errors import DeadlineExceeded, FlotillaError
-from embedder.jobs import EmbedJob, JobResult
+from embedder.tasks.embed.batching import take_within, urgency
+from embedder.core.errors import DeadlineExceeded, FlotillaError
+from embedder.core.jobs import Job, JobResult
 from embedder.queue.inprocess import InProcessQueue
 from embedder.queue.protocol import Outcome
 from embedder.queue.relay import Relay
@@ -21,21 +21,21 @@ class SharedQueue:
     """A shared queue's worker half, in memory: jobs wait until pulled, are held until
     completed or handed back, and every outcome is recorded."""
 
-    def __init__(self, jobs: Iterable[EmbedJob] = ()) -> None:
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
         self.waiting = sorted(jobs, key=urgency)
-        self.held: dict[str, EmbedJob] = {}
+        self.held: dict[str, Job] = {}
         self.outcomes: dict[str, Outcome] = {}
         self.asked: list[int] = []  # the token budget of each pull that found jobs
         self.fail_next = 0
         self.pull_delay_s = 0.0
         self.pulling = asyncio.Event()  # set when a pull begins
 
-    def add(self, *jobs: EmbedJob) -> None:
+    def add(self, *jobs: Job) -> None:
         self.waiting = sorted([*self.waiting, *jobs], key=urgency)
 
     async def pull(
         self, models: Collection[str], max_tokens: int, timeout_s: float
-    ) -> list[EmbedJob]:
+    ) -> list[Job]:
         if self.fail_next:
             self.fail_next -= 1
             raise RuntimeError("the shared queue's connection broke")

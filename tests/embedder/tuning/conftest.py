@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from embedder import runtimes
+from embedder.tasks.embed import runtimes
 
 
 @pytest.fixture

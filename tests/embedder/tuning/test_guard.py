@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embedder.runtimes import worst_cosine
+from embedder.tasks.embed.runtimes import worst_cosine
 from embedder.tuning.guard import MAX_NDCG_DROP, judge
 
 

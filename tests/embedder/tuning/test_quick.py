@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from embedder.codecs import RequestLimits
-from embedder.fleet import DeviceKind, ModelSpec
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.core.fleet import DeviceKind, ModelSpec
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from tests.embedder.tuning.test_search import BEHAVIOURS, Clock, PerturbedRuntime

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from embedder.fleet import DeviceKind, ModelSpec
-from embedder.runtimes import Encoded
+from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.tasks.embed.runtimes import Encoded
 from embedder.tuning import measure
 from embedder.tuning.candidates import Plan
 from embedder.tuning.measure import Workload

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from embedder.jobs import JobResult
+from embedder.core.jobs import JobResult
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.puller import JetStreamPuller
 from tests.embedder.queue.jetstream.test_queue import WAIT_S, config, job, queue, result
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow  # starts the server
 __all__ = ["config"]  # the fixture, shared with the single-model tests
 
 MODELS = ("alpha", "beta")
-FETCH_TIMEOUT_S = 0.25  # what an idle worker's pull waits (embedder.worker.IDLE_POLL_S)
+FETCH_TIMEOUT_S = 0.25  # what an idle worker's pull waits (embedder.tasks.embed.worker.IDLE_POLL_S)
 
 
 async def serve(puller: JetStreamPuller, stop: asyncio.Event) -> None:

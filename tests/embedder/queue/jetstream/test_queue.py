@@ -16,14 +16,14 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 
-from embedder.errors import (
+from embedder.core.errors import (
     DeadlineExceeded,
     InvalidRequest,
     LimitExceeded,
     NotReady,
     Undeliverable,
 )
-from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.core.jobs import ApiShape, Job, JobResult, Timings
 from embedder.queue.jetstream import puller as puller_module
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig, subject_token
@@ -56,9 +56,9 @@ def config() -> JetStreamConfig:
 
 def job(
     id: str, *, model: str = "alpha", tokens: int = 10, deadline_in_s: float = 30.0
-) -> EmbedJob:
+) -> Job:
     now = time.time()
-    return EmbedJob(
+    return Job(
         id=id,
         model=model,
         shape=ApiShape.TEI_EMBED,
@@ -86,10 +86,10 @@ async def queue(
         yield submitter, pullers
 
 
-async def pull_jobs(puller: JetStreamPuller, count: int, max_tokens: int = 1_000) -> list[EmbedJob]:
+async def pull_jobs(puller: JetStreamPuller, count: int, max_tokens: int = 1_000) -> list[Job]:
     """Pulls until ``count`` jobs came: a pull takes what the server has delivered so far,
     which under load may be fewer than were put."""
-    got: list[EmbedJob] = []
+    got: list[Job] = []
     async with asyncio.timeout(WAIT_S):
         while len(got) < count:
             got += await puller.pull(["alpha"], max_tokens, 0.5)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from embedder.errors import (
+from embedder.core.errors import (
     DeadlineExceeded,
     FlotillaError,
     InferenceFailed,
@@ -19,11 +19,11 @@ from embedder.errors import (
     TaskNotSupported,
     Unauthorized,
 )
-from embedder.jobs import ApiShape, EmbedJob, JobResult, Timings
+from embedder.core.jobs import ApiShape, Job, JobResult, Timings
 from embedder.queue.jetstream import wire
 
 
-def a_job(**changes: object) -> EmbedJob:
+def a_job(**changes: object) -> Job:
     now = time.time()
     fields: dict[str, object] = {
         "id": "0123abcd",
@@ -36,7 +36,7 @@ def a_job(**changes: object) -> EmbedJob:
         "priority": -2,
     }
     fields.update(changes)
-    return EmbedJob(**fields)  # type: ignore[arg-type]
+    return Job(**fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("adapter", [None, "legal-de"])

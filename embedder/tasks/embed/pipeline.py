@@ -1,0 +1,295 @@
+"""The worker's runner: formed batches through three stages on two threads.
+
+Decoding + tokenizing (``prepare_batch``) and shaping + encoding replies
+(``finish_batch``) are host work and run on the host thread; adapters and the forward
+pass (``forward_batch``) run on the device thread. While the device runs batch N, the
+host thread encodes batch N-1's replies and prepares batch N+1, so the device waits for
+the host only when the host is the slower of the two. Both threads release the GIL
+where they spend their time (torch kernels, the tokenizer's Rust, a GPU's wait), so the
+event loop keeps answering meanwhile. One host thread, not a pool: a tokenizer is not
+safe to call from two threads at once.
+
+Batch N+1 is *formed* and prepared as late as still lets it be ready when the device
+frees (``Pace``, ``Handoff``): it then holds everything that arrived during batch N's
+forward, not only what was queued when N started, and a job withdrawn or expired
+meanwhile is never tokenized. Until both stages have been timed, the next batch is
+asked for as soon as a forward starts and prepared only when its turn comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from embedder.serving import metrics
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.core.errors import FlotillaError, InferenceFailed
+from embedder.tasks.embed.execute import (
+    BatchReport,
+    Forwarded,
+    LoadedModel,
+    Prepared,
+    finish_batch,
+    forward_batch,
+    prepare_batch,
+)
+from embedder.core.jobs import Job
+from embedder.core.lifecycle import cancel_and_wait
+from embedder.queue import JobPuller
+from embedder.serving.turns import DeviceTurns
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+Batch = tuple[Job, ...]
+
+
+class Pace:
+    """Seconds per token of the device and of preparing, smoothed over batches; says how
+    long after a forward starts the next batch's preparation should begin."""
+
+    SMOOTHING = 0.2  # weight of the newest batch
+    SAFETY = 2.0  # prepare this many times the expected preparing time ahead: hosts vary
+
+    def __init__(self) -> None:
+        self.device_s_per_token: float | None = None
+        self.prepare_s_per_token: float | None = None
+
+    @classmethod
+    def _smooth(cls, old: float | None, seconds: float, tokens: int) -> float | None:
+        if tokens <= 0:
+            return old
+        new = seconds / tokens
+        return new if old is None else old + cls.SMOOTHING * (new - old)
+
+    def timed_device(self, seconds: float, tokens: int) -> None:
+        self.device_s_per_token = self._smooth(self.device_s_per_token, seconds, tokens)
+
+    def timed_prepare(self, seconds: float, tokens: int) -> None:
+        self.prepare_s_per_token = self._smooth(self.prepare_s_per_token, seconds, tokens)
+
+    def lead_s(self, running_tokens: int, next_tokens: int) -> float | None:
+        """Seconds after the start of a forward over ``running_tokens`` to start preparing
+        a batch of about ``next_tokens``; None while either stage is untimed."""
+        if self.device_s_per_token is None or self.prepare_s_per_token is None:
+            return None
+        device_s = self.device_s_per_token * running_tokens
+        return max(0.0, device_s - self.SAFETY * self.prepare_s_per_token * next_tokens)
+
+
+class Handoff:
+    """Formed batches from the worker's former to the runner, one at a time and only
+    when the runner asks: a batch formed early would miss the jobs that arrive while the
+    device is still busy, and jobs a worker holds are jobs no other worker can take."""
+
+    def __init__(self) -> None:
+        self._wanted = asyncio.Event()
+        self._batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+
+    def ask(self) -> None:
+        """The runner will take a batch soon: the former may form it now."""
+        self._wanted.set()
+
+    async def take(self) -> Batch:
+        if self._batches.empty():
+            self.ask()
+        return await self._batches.get()
+
+    async def wanted(self) -> None:
+        await self._wanted.wait()
+
+    async def give(self, batch: Batch) -> None:
+        self._wanted.clear()
+        await self._batches.put(batch)
+
+    def waiting(self) -> int:
+        """Batches formed but not yet taken."""
+        return self._batches.qsize()
+
+    def drain(self) -> list[Job]:
+        jobs: list[Job] = []
+        while not self._batches.empty():
+            jobs.extend(self._batches.get_nowait())
+        return jobs
+
+
+@dataclass
+class _Staged:
+    """A batch on its way: the jobs, then what the host made of them."""
+
+    jobs: Batch
+    prepared: Prepared | None = None
+
+
+class Pipeline:
+    """Runs the batches a worker forms; ``held`` lists the jobs it has taken but not
+    delivered, which a stopping worker fails."""
+
+    def __init__(
+        self,
+        queue: JobPuller,
+        models: Mapping[str, LoadedModel],
+        request_limits: RequestLimits,
+        clock: Callable[[], float],
+        delivered: Callable[[str, Sequence[Job]], None] = lambda model, jobs: None,
+        turns: DeviceTurns | None = None,
+    ) -> None:
+        self.queue = queue
+        # Shared with the generation engines on the same device (embedder.serving.turns).
+        self.turns = turns or DeviceTurns()
+        self.delivered = delivered  # told of each batch's jobs before they are completed
+        self.models = models  # the worker's own dict: models it adds are seen here
+        self.request_limits = request_limits
+        self.clock = clock
+        self.pace = Pace()
+        self._host = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-host")
+        self._device = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flotilla-device")
+        self._ahead: _Staged | None = None  # taken (maybe prepared) while the device ran
+        self._running: Batch = ()  # being prepared, on the device, or waiting to finish
+        self._finishing: Batch = ()  # being encoded and delivered
+        self._finisher: asyncio.Task[None] | None = None
+
+    def held(self) -> list[Job]:
+        ahead = self._ahead.jobs if self._ahead is not None else ()
+        return [*self._finishing, *self._running, *ahead]
+
+    def shutdown(self) -> None:
+        if self._finisher is not None:
+            self._finisher.cancel()
+        self._ahead, self._running, self._finishing = None, (), ()
+        for executor in (self._host, self._device):
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self, ready: Handoff) -> None:
+        """The runner loop: take each formed batch from ``ready`` and see it through."""
+        try:
+            while True:
+                staged, self._ahead = self._ahead or _Staged(await ready.take()), None
+                self._running = staged.jobs
+                prepared = await self._prepared(staged)
+                if prepared is None:
+                    continue
+                model = self.models[staged.jobs[0].model]
+                started, now = time.perf_counter(), self.clock()
+                forward = asyncio.ensure_future(self._forward(prepared, model))
+                await self._take_ahead(ready, forward, started, prepared.tokens)
+                try:
+                    forwarded = await forward
+                except Exception as exc:  # forward_batch classifies model errors: a bug
+                    log.exception("batch on %s crashed", model.spec.name)
+                    error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
+                    forwarded = Forwarded(prepared, None, error, 0, 0.0)
+                if forwarded.tokens:
+                    self.pace.timed_device(forwarded.inference_s, forwarded.tokens)
+                await self._finish_later(model, forwarded, now)
+        finally:
+            await cancel_and_wait(self._finisher)
+
+    async def _forward(self, prepared: Prepared, model: LoadedModel) -> Forwarded:
+        """The device's part, in a turn of the device shared with generation."""
+        deadline = min((job.deadline for job, _, _ in prepared.items), default=0.0)
+        async with self.turns.turn("embed", deadline):
+            return await self._call(self._device, forward_batch, prepared, model)
+
+    async def _prepared(self, staged: _Staged) -> Prepared | None:
+        """The batch decoded and tokenized, less the jobs withdrawn by now; None if none
+        is left to run."""
+        prepared = staged.prepared
+        if prepared is None:
+            live = self._live(staged.jobs)
+            if not live:
+                return None
+            prepared = await self._prepare(live)
+        withdrawn = self.queue.cancelled(job.id for job, _, _ in prepared.items)
+        prepared = prepared.without(withdrawn)
+        if not prepared.items and not prepared.failed:
+            return None
+        return prepared
+
+    def _live(self, jobs: Batch) -> Batch:
+        withdrawn = self.queue.cancelled(job.id for job in jobs)
+        return tuple(job for job in jobs if job.id not in withdrawn)
+
+    async def _prepare(self, jobs: Batch) -> Prepared:
+        model = self.models[jobs[0].model]
+        start = time.perf_counter()
+        try:
+            prepared = await self._call(self._host, prepare_batch, jobs, model, self.request_limits)
+        except Exception as exc:  # prepare_batch classifies bad input: this is a bug
+            log.exception("preparing a batch on %s crashed", model.spec.name)
+            error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
+            return Prepared([], [(job, error) for job in jobs])
+        self.pace.timed_prepare(time.perf_counter() - start, prepared.tokens)
+        return prepared
+
+    async def _take_ahead(
+        self,
+        ready: Handoff,
+        forward: asyncio.Future[Forwarded],
+        started: float,
+        running_tokens: int,
+    ) -> None:
+        """While the device runs: ask for the next batch when the pace says (about this
+        one's size is the guess for the next), so it is formed and prepared as the device
+        frees."""
+        lead = self.pace.lead_s(running_tokens, running_tokens)
+        if lead is not None:
+            delay = started + lead - time.perf_counter()
+            if delay > 0:
+                await asyncio.wait({forward}, timeout=delay)
+        if forward.done():
+            return  # the device is free first: the loop takes the next batch
+        getter: asyncio.Future[Batch] = asyncio.ensure_future(ready.take())
+        waiting: set[asyncio.Future[Any]] = {getter, forward}
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if not getter.done():
+            getter.cancel()  # the batch, once formed, waits for the loop's own take
+            return
+        live = self._live(getter.result())
+        staged = self._ahead = _Staged(live)
+        if live and lead is not None:  # untimed, it waits its turn unprepared
+            staged.prepared = await self._prepare(live)
+
+    async def _finish_later(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:
+        """Encode and deliver this batch on the host thread while the device moves on;
+        one batch finishes at a time, in order."""
+        if self._finisher is not None:
+            await self._finisher
+        jobs = self._running
+        self._finishing, self._running = jobs, ()
+        self._finisher = asyncio.create_task(self._finish(model, forwarded, now))
+
+    async def _finish(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:
+        try:
+            report = await self._call(self._host, finish_batch, forwarded, model, now)
+        except Exception as exc:  # finish_batch classifies encoding errors: this is a bug
+            log.exception("encoding a batch on %s crashed", model.spec.name)
+            error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
+            jobs = [job for job, _, _ in forwarded.prepared.items]
+            report = BatchReport(
+                [*forwarded.prepared.failed, *((job, error) for job in jobs)], 0, 0.0
+            )
+        await self._deliver(model, report)
+        self._finishing = ()
+
+    async def _deliver(self, model: LoadedModel, report: BatchReport) -> None:
+        name = model.spec.name
+        if report.tokens:
+            metrics.BATCH_TOKENS.labels(name).observe(report.tokens)
+            metrics.BATCH_REQUESTS.labels(name).observe(len(report.outcomes))
+            metrics.INFERENCE_SECONDS.labels(name).observe(report.inference_s)
+            metrics.TOKENS.labels(name).inc(report.tokens)
+        self.delivered(name, [job for job, _ in report.outcomes])
+        for job, outcome in report.outcomes:
+            outcome_label = type(outcome).__name__ if isinstance(outcome, FlotillaError) else "ok"
+            metrics.JOBS.labels(name, outcome_label).inc()
+            await self.queue.complete(job.id, outcome)
+
+    @staticmethod
+    async def _call(executor: ThreadPoolExecutor, fn: Callable[..., _T], *args: object) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)

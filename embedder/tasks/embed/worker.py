@@ -1,0 +1,159 @@
+"""The worker: pulls jobs when it has room, forms its own batches, runs them.
+
+One worker per device, serving every model packed on that device. Two tasks:
+the *former* pulls from the shared queue and forms the next batch when the
+*runner* (``embedder.tasks.embed.pipeline``) asks for it, shortly before the device frees, so one
+batch is in flight and the next is formed from everything queued by then. The runner
+decodes, tokenizes and encodes on a host thread and runs forward passes on a device
+thread, one batch's host work beside another's forward: the event loop never blocks
+and the device is never shared between two batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+
+from embedder.serving import metrics
+from embedder.tasks.embed.adaptive import WaitController, flushed_full
+from embedder.tasks.embed.batching import BatchLimits, BatchPlan, DropReason, flush_delay, form_batch
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.core.errors import DeadlineExceeded
+from embedder.tasks.embed.execute import LoadedModel
+from embedder.core.jobs import Job
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.tasks.embed.pipeline import Handoff, Pipeline
+from embedder.queue import JobPuller
+from embedder.serving.turns import DeviceTurns
+
+log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.25  # how often an idle worker rechecks for stop
+
+
+class Worker(Lifecycle):
+    def __init__(
+        self,
+        queue: JobPuller,
+        models: Mapping[str, LoadedModel],
+        request_limits: RequestLimits,
+        *,
+        clock: Callable[[], float] = time.time,
+        turns: DeviceTurns | None = None,
+    ) -> None:
+        self.queue = queue
+        self.models = dict(models)
+        self.request_limits = request_limits
+        self.clock = clock
+        self.limits: dict[str, BatchLimits] = {}
+        # Models with a latency target: their wait in self.limits comes from these.
+        self._steering: dict[str, WaitController] = {}
+        for name, m in self.models.items():
+            self._set_limits(name, m.limits)
+        # What one pull may bring: the biggest batch budget. More would sit here while the
+        # batch runs, where on a shared queue a free worker could have run it.
+        self.capacity_tokens = max(m.limits.max_tokens for m in self.models.values())
+        self._ready = Handoff()
+        self._pipeline = Pipeline(
+            queue, self.models, request_limits, clock, self._delivered, turns=turns
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending: list[Job] = []
+        # Batches out of _pending but not delivered: stop() must fail these too.
+        self._forming: tuple[Job, ...] = ()  # formed, not yet handed to the runner
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        self._tasks = [
+            watch(asyncio.create_task(self._form_loop(), name="worker-former")),
+            watch(asyncio.create_task(self._pipeline.run(self._ready), name="worker-runner")),
+        ]
+
+    async def stop(self) -> None:
+        """Stop pulling; fail whatever was pulled but not run, so nothing hangs."""
+        tasks, self._tasks = self._tasks, []
+        await cancel_and_wait(*tasks)
+        leftovers = [*self._pipeline.held(), *self._forming, *self._pending, *self._ready.drain()]
+        self._pending, self._forming = [], ()
+        self._pipeline.shutdown()
+        for job in leftovers:  # completing a job already delivered is a no-op
+            await self.queue.complete(
+                job.id, DeadlineExceeded("the worker stopped before this job finished")
+            )
+
+    def add_model(self, model: LoadedModel) -> None:
+        """Serve one more model; the next pull asks for its jobs too."""
+        name = model.spec.name
+        self.models[name] = model
+        self._set_limits(name, model.limits)
+        self.capacity_tokens = max(self.capacity_tokens, model.limits.max_tokens)
+
+    # -- adaptive wait ----------------------------------------------------
+
+    def _set_limits(self, name: str, limits: BatchLimits) -> None:
+        if limits.latency_target_s is not None:
+            self._steering[name] = WaitController(limits.latency_target_s, limits.max_wait_s)
+        self.limits[name] = limits
+        self._steer(name)
+
+    def _steer(self, name: str) -> None:
+        """The model's limits take its controller's current wait (if it has one)."""
+        controller = self._steering.get(name)
+        if controller is not None:
+            self.limits[name] = replace(self.limits[name], max_wait_s=controller.wait_s)
+        metrics.BATCH_WAIT_SECONDS.labels(name).set(self.limits[name].max_wait_s)
+
+    def _delivered(self, name: str, jobs: Sequence[Job]) -> None:
+        """Each delivered job's latency as the worker sees it (enqueued to delivered)."""
+        if (controller := self._steering.get(name)) is not None:
+            now = self.clock()
+            controller.delivered((now - job.enqueued_at for job in jobs), now)
+            self._steer(name)
+
+    def _note_formed(self, plan: BatchPlan) -> None:
+        controller = self._steering.get(plan.batch[0].model)
+        if controller is not None:
+            controller.formed(len(plan.batch), flushed_full(plan, self.limits))
+
+    # -- forming ----------------------------------------------------------
+
+    async def _form_loop(self) -> None:
+        while True:
+            await self._ready.wanted()  # pull and form only for a runner about to take it
+            now = self.clock()
+            # Nothing pending, formed or running: a lull, in which controllers relax. A long
+            # batch in flight is not one (its latencies are still to come).
+            if self._steering and not (
+                self._pending or self._forming or self._pipeline.held() or self._ready.waiting()
+            ):
+                for name, controller in self._steering.items():
+                    controller.idle(now)
+                    self._steer(name)
+            delay = flush_delay(self._pending, self.limits, now)
+            room = self.capacity_tokens - sum(job.est_tokens for job in self._pending)
+            if delay > 0 and room > 0:
+                pulled = await self.queue.pull(list(self.models), room, min(delay, IDLE_POLL_S))
+                self._pending.extend(pulled)
+                continue
+            plan = form_batch(
+                self._pending,
+                self.limits,
+                now,
+                self.queue.cancelled(job.id for job in self._pending),
+            )
+            self._pending = list(plan.remaining)
+            self._forming = plan.batch
+            for job, reason in plan.dropped:
+                metrics.JOBS.labels(job.model, reason.value).inc()
+                if reason is DropReason.EXPIRED:
+                    await self.queue.complete(
+                        job.id, DeadlineExceeded("the request's deadline passed while it waited")
+                    )
+            if plan.batch:
+                self._note_formed(plan)
+                await self._ready.give(plan.batch)
+            self._forming = ()
