@@ -92,8 +92,8 @@ def worker(settings: Settings) -> None:
         raise typer.BadParameter(
             "a worker needs the JetStream work queue", param_hint="'--nats' / FLOTILLA_NATS"
         )
-    if settings.topic:
-        if not settings.kafka:
+    if settings.ingest.topic:
+        if not settings.ingest.bootstrap:
             raise typer.BadParameter(
                 "--topic ingests from Kafka: give the broker with --kafka BOOTSTRAP",
                 param_hint="'--kafka' / FLOTILLA_KAFKA",
@@ -189,7 +189,7 @@ def _check_collection(settings: Settings) -> None:
     from ingest.store.errors import InvalidStoreRequest
 
     try:
-        check_collection_name(settings.collection)
+        check_collection_name(settings.ingest.collection)
     except InvalidStoreRequest as exc:
         raise typer.BadParameter(exc.message, param_hint="'--collection'") from None
 
@@ -360,6 +360,14 @@ def tune(
 
     if calibration not in ("auto", "english", "gesetze"):
         raise typer.BadParameter("auto, english or gesetze", param_hint="'--calibration'")
+    laws = settings.calibration_dir
+    if calibration == "gesetze" and laws is None:
+        raise typer.BadParameter(
+            "--calibration gesetze reads German laws: give their folder",
+            param_hint="'--calibration-dir' / FLOTILLA_CALIBRATION_DIR",
+        )
+    if laws is not None and not laws.is_dir():
+        raise typer.BadParameter(f"{laws} is not a folder", param_hint="'--calibration-dir'")
     configure_logging(settings)
     plan = QUICK if quick else Plan()
     plan = dataclasses.replace(plan, texts=texts or plan.texts, repeats=repeats or plan.repeats)

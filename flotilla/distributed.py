@@ -84,7 +84,7 @@ async def run_worker(
     fleet = wiring.configured_fleet(settings)
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     puller = queue.puller(settings, worker_id)
-    bulk = WorkerIngest(settings, puller, loader) if settings.topic else None
+    bulk = WorkerIngest(settings, puller, loader) if settings.ingest.topic else None
     host = (
         bulk.host
         if bulk is not None

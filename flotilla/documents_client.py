@@ -90,12 +90,12 @@ class DocumentsClient:
         self.settings = settings
         self.server = server.rstrip("/")
         self.dead = dead
-        self.max_documents = settings.ingest_max_records
-        budget = settings.max_inflight_tokens * settings.bytes_per_token / 2
-        self.max_bytes = int(min(settings.max_body_bytes, budget)) - 64  # the envelope
+        self.max_documents = settings.ingest.max_records
+        budget = settings.gateway.max_inflight_tokens * settings.bytes_per_token / 2
+        self.max_bytes = int(min(settings.gateway.max_body_bytes, budget)) - 64  # the envelope
         headers = {"content-type": "application/json"}
-        if settings.api_keys:
-            headers["authorization"] = f"Bearer {settings.api_keys[0]}"
+        if settings.gateway.api_keys:
+            headers["authorization"] = f"Bearer {settings.gateway.api_keys[0]}"
         self.http = httpx.AsyncClient(base_url=self.server, headers=headers, timeout=TIMEOUT)
 
     async def send_file(self, path: Path, progress: Progress) -> None:
@@ -149,7 +149,7 @@ class DocumentsClient:
         """A line as the JSON value to send, its (collection, model), its id, or why it
         cannot be sent. The server judges the document itself, as the backfill would."""
         value = record.value or b""
-        target: tuple[str, str | None] = (self.settings.collection, None)
+        target: tuple[str, str | None] = (self.settings.ingest.collection, None)
         try:
             parsed: Any = msgspec.json.decode(value)
         except (msgspec.DecodeError, RecursionError):
@@ -159,7 +159,7 @@ class DocumentsClient:
                 return b"", target, None, f"the line is not valid UTF-8 ({exc.reason})"
         if not isinstance(parsed, dict):
             return value, target, None, None
-        collection = parsed.get("collection") or self.settings.collection
+        collection = parsed.get("collection") or self.settings.ingest.collection
         try:
             check_collection_name(collection)
         except InvalidStoreRequest as exc:
@@ -236,7 +236,7 @@ async def send(settings: Settings, path: Path, server: str) -> None:
     """Send ``path``'s documents to ``server``'s documents route; print the totals."""
     dead = DeadLetterFile(path)
     progress = Progress(
-        f"{path.name} -> {server} {settings.collection}",
+        f"{path.name} -> {server} {settings.ingest.collection}",
         count_records(path),
         interval_s=settings.progress_interval_s,
     )

@@ -50,7 +50,7 @@ async def retrieval(
         # Passages longer than a model's window are cut, as search cuts queries: an
         # evaluation scores every passage (one point each, as its judgements are per
         # passage) rather than refusing or splitting the long ones.
-        settings = settings.model_copy(update={"auto_truncate": True, "chunking": False})
+        settings = settings.updated(auto_truncate=True, chunking=False)
         # Only the models evaluated are loaded (an adapter's base for 'model:adapter').
         async with wiring.running_stack(settings, store=store, models=models) as stack:
             for model in models:
@@ -68,7 +68,7 @@ async def retrieval(
                         corpus,
                         queries,
                         qrels,
-                        collection=settings.collection,
+                        collection=settings.ingest.collection,
                         model=model,
                         on_chunk=progress.advance,
                     )
@@ -83,7 +83,7 @@ async def retrieval(
     for c in comparisons:
         print(describe(c))
     document = report(
-        results, collection=settings.collection, corpus=len(corpus), queries=len(queries)
+        results, collection=settings.ingest.collection, corpus=len(corpus), queries=len(queries)
     ) | {"comparisons": [c.as_dict() for c in comparisons]}
     if out is not None:
         await asyncio.to_thread(_write, out, json.dumps(document, indent=2) + "\n")

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from embedder.core.fleet import FleetError
-from flotilla.settings import GROUPS, Settings
+from flotilla.settings import GROUPS, Settings, section_settings, setting_fields
 
 # Rich sizes help and errors to the terminal, or to COLUMNS or TERMINAL_WIDTH; with none
 # of them (CI logs, output of a process without a terminal) it takes 80 columns, where the
@@ -64,21 +64,12 @@ PROFILES = frozenset({"tuned_file", "untuned"})
 TUNE = MODELS | {"tuned_file", "calibration_dir", "log_level"}
 # wiring.adapter_catalog(): Settings.adapters_root, where adapters are found or registered.
 ADAPTERS = frozenset({"adapters_dir", "data_dir"})
-# wiring.request_limits(): requests are decoded, and cut or refused, where the models run.
-# wiring.ocr_limits() too: OCR documents are read, and refused, where the models run.
-DECODING = frozenset(
-    {
-        "max_inputs_per_request",
-        "auto_truncate",
-        "ocr_max_document_bytes",
-        "ocr_max_pages",
-        "ocr_max_pixels",
-        "ocr_pdf_dpi",
-        "ocr_local_roots",
-    }
-)
-# wiring.gateway_config() and run_http(): authorization, body and deadline limits, admission,
-# the token estimate, and model:adapter names resolved against the fleet and the adapters.
+# wiring.model_host()'s sections requests and ocr: requests are decoded, and cut or refused,
+# and OCR documents read, and refused, where the models run.
+DECODING = frozenset(section_settings("requests") + section_settings("ocr"))
+# wiring.gateway_config() and run_http(): authorization, body and deadline limits, admission
+# (the gateway section), the token estimate, the OCR request's pages and size, and
+# model:adapter names resolved against the fleet and the adapters.
 HTTP_API = ADAPTERS | {
     "host",
     "port",
@@ -112,7 +103,7 @@ KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records", "dlq_
 PROGRESS = frozenset({"progress_interval_s"})
 # Both halves of the JetStream work queue and the worker liveness; the reply subject is
 # the gateway's own.
-WORK_QUEUE = frozenset(GROUPS["JetStream"]) - {"reply_topic_prefix", "gateway_id"}
+WORK_QUEUE = frozenset({"nats", *section_settings("jetstream")})
 
 
 def _names(name: str, also: Mapping[str, str] | None) -> tuple[str, ...]:
@@ -130,7 +121,7 @@ def _flag_type(annotation: Any) -> Any:
         return annotation
     if annotation is Path or Path in typing.get_args(annotation):
         return Path
-    if origin is list:
+    if origin in (list, tuple):
         return str  # comma-separated, like the environment variable
     return str  # Literal and friends
 
@@ -139,7 +130,7 @@ def _shown_default(field: FieldInfo) -> Any:
     """A field's default as the flag's, for --help to show: a list as its comma-separated
     value, None when there is nothing to show (unset means what the description says)."""
     default = field.get_default(call_default_factory=True)
-    if isinstance(default, list):
+    if isinstance(default, list | tuple):
         return ",".join(map(str, default)) or None
     return default
 
@@ -147,6 +138,22 @@ def _shown_default(field: FieldInfo) -> Any:
 def _on_command_line(ctx: typer.Context, name: str) -> bool:
     source = ctx.get_parameter_source(name)
     return source is not None and source.name == "COMMANDLINE"
+
+
+def _problems(exc: ValidationError, cls: type[Settings]) -> str:
+    """Each refused value under its setting's names (the flag, the variable), not its
+    place in the nested settings."""
+    places: dict[tuple[str, ...], str] = {
+        (where.field,) if where.section is None else (where.section, where.field): name
+        for name, where in setting_fields(cls).items()
+    }
+    lines = []
+    for error in exc.errors():
+        loc = tuple(map(str, error["loc"]))
+        name = places.get(loc[:1]) or places.get(loc[:2])
+        where = f"--{name.replace('_', '-')} / FLOTILLA_{name.upper()}" if name else ".".join(loc)
+        lines.append(f"{where}: {error['msg']} (got {error['input']!r})")
+    return "\n".join(lines)
 
 
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
@@ -159,22 +166,23 @@ def settings_flags(
     *,
     also: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give ``func(settings, ...)`` a flag per field of ``cls`` (Settings or a subclass that
-    adds a command's own settings). Those in ``reads``, the settings the command uses, are
+    """Give ``func(settings, ...)`` a flag per setting of ``cls`` (Settings or a subclass
+    that adds a command's own settings). Those in ``reads``, the settings the command uses, are
     shown in their GROUPS panel with their defaults; the others are hidden but accepted,
     as every FLOTILLA_* variable is, so that one list of flags or one environment serves
     every process of a deployment. Only flags given on the command line reach ``cls``,
     which reads the environment for the rest. ``also`` gives a setting a second flag name
     on this command (``{"ingest_model": "--model"}``)."""
+    fields = {name: where.info for name, where in setting_fields(cls).items()}
     panel = {name: title for title, names in GROUPS.items() for name in names}
-    if unplaced := set(cls.model_fields) - set(panel):
+    if unplaced := set(fields) - set(panel):
         raise TypeError(f"settings in no GROUPS panel: {sorted(unplaced)}")
     shown = frozenset(reads)
-    if unknown := shown - set(cls.model_fields):
+    if unknown := shown - set(fields):
         raise TypeError(f"not settings of {cls.__name__}: {sorted(unknown)}")
-    ordered = [name for names in GROUPS.values() for name in names if name in cls.model_fields]
+    ordered = [name for names in GROUPS.values() for name in names if name in fields]
     for name in also or {}:
-        if cls.model_fields[name].annotation is bool:
+        if fields[name].annotation is bool:
             raise TypeError(f"{name} is a --x/--no-x flag: a second name would lose --no-x")
 
     def decorate(func: Callable[..., None]) -> Callable[..., None]:
@@ -193,28 +201,28 @@ def settings_flags(
                 name,
                 KEYWORD_ONLY,
                 default=typer.Option(
-                    _shown_default(cls.model_fields[name]),
+                    _shown_default(fields[name]),
                     *_names(name, also),
-                    help=cls.model_fields[name].description,
+                    help=fields[name].description,
                     rich_help_panel=panel[name],
                     hidden=name not in shown,
                 ),
-                annotation=_flag_type(cls.model_fields[name].annotation) | None,
+                annotation=_flag_type(fields[name].annotation) | None,
             )
             for name in ordered
         ]
 
         @functools.wraps(func)
         def wrapper(**kwargs: Any) -> None:
-            given = {k: kwargs.pop(k) for k in list(kwargs) if k in cls.model_fields}
+            given = {k: kwargs.pop(k) for k in list(kwargs) if k in fields}
             # Only the flags on the command line: a flag's default is there for --help, and
             # must not shadow the environment variable.
             ctx: typer.Context = kwargs[ctx_name] if ctx_name else kwargs.pop("context")
             flags = {k: v for k, v in given.items() if _on_command_line(ctx, k)}
-            try:
+            try:  # by their names: Settings puts a section's into its section
                 settings = cls(**flags)
             except ValidationError as exc:
-                raise typer.BadParameter(str(exc)) from exc
+                raise typer.BadParameter(_problems(exc, cls)) from exc
             try:
                 func(settings, **kwargs)
             except FleetError as exc:  # a missing or malformed fleet file: a usage error

@@ -32,13 +32,16 @@ async def consume(settings: Settings) -> None:
     """Consume --topic until SIGINT/SIGTERM, then drain the chunk in flight and commit. A
     failed run (the broker gone for longer than the client waits, say) is restarted with
     backoff; a missing topic ends the command with what to do."""
-    if not (settings.kafka and settings.topic):
+    if not (settings.ingest.bootstrap and settings.ingest.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
     quiet_repeats()  # a broker outage is a few lines on stderr, not ten a second
     with contextlib.suppress(wiring.Stopped):
         async with wiring.running_stack(
-            settings, stop, models=wiring.ingest_models(settings), claim=[settings.collection]
+            settings,
+            stop,
+            models=wiring.ingest_models(settings),
+            claim=[settings.ingest.collection],
         ) as stack:
             try:
                 await _consume(settings, stack.core, stop)
@@ -55,7 +58,7 @@ async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) ->
         return Tally(done, totals.upserted, totals.deleted, totals.dead_lettered)
 
     progress = Progress(
-        f"{settings.topic} -> {settings.collection}",
+        f"{settings.ingest.topic} -> {settings.ingest.collection}",
         unit="records",
         interval_s=settings.progress_interval_s,
         note=lambda: f"lag {sum(source.lag.values())}",
@@ -140,19 +143,21 @@ async def backfill(settings: Settings, path: Path) -> None:
     """Embed a file's documents straight into the store; poison lines go to
     ``<file>.dlq.jsonl`` with their reason."""
     models = wiring.ingest_models(settings)
-    async with wiring.running_stack(settings, models=models, claim=[settings.collection]) as stack:
+    async with wiring.running_stack(
+        settings, models=models, claim=[settings.ingest.collection]
+    ) as stack:
         dead = DeadLetterFile(path)
 
         async def dead_letter(poisons: Sequence[tuple[RawRecord, str]]) -> None:
             dead.write(poisons)
 
         progress = Progress(
-            f"{path.name} -> {settings.collection}",
+            f"{path.name} -> {settings.ingest.collection}",
             count_records(path),
             interval_s=settings.progress_interval_s,
         )
         async with progress:
-            for chunk in _chunks(read_records(path), settings.ingest_max_records):
+            for chunk in _chunks(read_records(path), settings.ingest.max_records):
                 report = await stack.core.process(chunk, dead_letter)
                 progress.add(
                     done=len(chunk),
@@ -165,14 +170,15 @@ async def backfill(settings: Settings, path: Path) -> None:
 
 async def produce(settings: Settings, path: Path) -> None:
     """Send a file's documents to --topic, keyed by their id, for the pipeline to ingest."""
-    if not (settings.kafka and settings.topic):
+    bootstrap, topic = settings.ingest.bootstrap, settings.ingest.topic
+    if not (bootstrap and topic):
         raise SystemExit("--produce needs --kafka BOOTSTRAP and --topic TOPIC")
     producer = AIOKafkaProducer(
-        bootstrap_servers=settings.kafka, enable_idempotence=True, acks="all", linger_ms=5
+        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=5
     )
     await producer.start()
     progress = Progress(
-        f"{path.name} -> {settings.topic}",
+        f"{path.name} -> {topic}",
         count_records(path),
         interval_s=settings.progress_interval_s,
         outcomes=False,
@@ -182,9 +188,7 @@ async def produce(settings: Settings, path: Path) -> None:
             for chunk in _chunks(read_records(path), 1000):
                 sends = []
                 for record in chunk:
-                    sends.append(
-                        await producer.send(settings.topic, value=record.value, key=_key(record))
-                    )
+                    sends.append(await producer.send(topic, value=record.value, key=_key(record)))
                 await asyncio.gather(*sends)
                 progress.add(done=len(chunk))
     finally:

@@ -30,7 +30,7 @@ def build_app(settings: Settings) -> FastAPI:
             # Failures, a missing topic included, are retried with backoff: the service
             # still embeds, /ready says why nothing ingests, creating the topic heals it.
             await ingest.start()
-            log.info("ingesting %s into %s", settings.topic, settings.collection)
+            log.info("ingesting %s into %s", settings.ingest.topic, settings.ingest.collection)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

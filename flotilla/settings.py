@@ -1,17 +1,32 @@
-"""The one settings object, and the panels its fields are shown in.
+"""The one settings object, and the panels its settings are shown in.
 
-Every field is an environment variable (``FLOTILLA_<NAME>``) and a CLI flag
-(``--<name>``) of every command that takes settings; each command's ``--help`` lists the
-ones it reads (``flotilla.cli`` declares which), under the titles of ``GROUPS``."""
+Settings are nested by subsystem: besides its own fields, ``Settings`` holds one
+section per subsystem (``gateway``, ``requests``, ``ocr``, ``jetstream``, ``ingest``),
+each the very config object that subsystem takes, defined (with its defaults) in the
+subsystem's own module. Their names stay flat: every setting, in a section or not, is
+an environment variable (``FLOTILLA_<NAME>``) and a CLI flag (``--<name>``) of every
+command that takes settings, named after the field or, in a section, after the field's
+alias (``ocr.max_pages`` is ``--ocr-max-pages``). ``setting_fields`` lists them by
+that name. Each command's ``--help`` lists the ones it reads (``flotilla.cli``
+declares which), under the titles of ``GROUPS``."""
 
 from __future__ import annotations
 
+import functools
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Any, Literal, Self
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, Field, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.tasks.embed.codecs import RequestLimits
+from embedder.tasks.ocr.api import OcrLimits
+from gateway.config import GatewayLimits
+from ingest.config import IngestConfig
 from lora.config import Prices, TrainConfig
 
 
@@ -60,19 +75,11 @@ class Settings(BaseSettings):
         "'defaults', the fleet's profile (fp32 or bf16 autocast, timed at load); 'quick', a "
         "short tune at load (runtime x precision on English text, seconds per model).",
     )
-    calibration_dir: Path = Field(
-        default=Path("../shared/data/gesetze"),
-        description="`flotilla tune`: German laws (gesetze/*.md) to calibrate multilingual "
-        "models on and take their retrieval check from; English text when absent.",
-    )
-    request_timeout_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="Deadline of a request from arrival; past it the client gets 504 and the "
-        "worker skips the job.",
-    )
-    max_body_bytes: int = Field(
-        default=4_000_000, gt=0, description="Largest request body accepted (413 above)."
+    calibration_dir: Path | None = Field(
+        default=None,
+        description="`flotilla tune`: a folder of German laws (gesetze/*.md format) to "
+        "calibrate multilingual models on and take their retrieval check from; unset, "
+        "they calibrate on English text (--calibration gesetze needs it).",
     )
     header_timeout_s: float = Field(
         default=10.0,
@@ -81,31 +88,7 @@ class Settings(BaseSettings):
         "connection is dropped. Lower frees stalled connections sooner, higher tolerates "
         "slower links.",
     )
-    body_timeout_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="Longest wait for the next piece of a request body; past it the client "
-        "gets 408 and the connection closes. Lower frees stalled connections sooner, higher "
-        "tolerates slower uploads.",
-    )
-    max_inputs_per_request: int = Field(
-        default=512,
-        gt=0,
-        description="Most inputs or documents in one request (413 above); checked where the "
-        "models run (`serve`, `worker`).",
-    )
-    auto_truncate: bool = Field(
-        default=False,
-        description="Cut over-long inputs to the model's limit instead of refusing them: "
-        "requests that do not say (OpenAI and Cohere shapes) get vectors instead of a 413, "
-        "ingested documents are cut instead of dead-lettered. Applied where the models run.",
-    )
-    max_inflight_tokens: int = Field(
-        default=65_536,
-        gt=0,
-        description="Estimated tokens admitted per model at once; beyond it requests get 429 "
-        "with Retry-After. Higher absorbs bursts, lower bounds queueing latency.",
-    )
+    # Shared by the gateway's admission, ingest's jobs and the documents client.
     bytes_per_token: float = Field(
         default=4.0,
         gt=0,
@@ -113,66 +96,12 @@ class Settings(BaseSettings):
         "for admission (--max-inflight-tokens) and batching. Lower overestimates: fewer "
         "requests admitted at once, smaller batches.",
     )
-    api_keys: Annotated[list[str], NoDecode] = Field(
-        default_factory=list,
-        description="Accepted bearer tokens, comma-separated; empty leaves the API open.",
-    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info",
         description="Least severe log messages written: debug, info, warning or error.",
     )
 
-    # -- OCR (/v1/ocr) ------------------------------------------------------
-    ocr_max_document_bytes: int = Field(
-        default=20_000_000,
-        gt=0,
-        description="Largest document (image or PDF) one OCR request may carry, decoded, "
-        "or a local file may have (413 above). Also bounded by --max-body-bytes for "
-        "documents sent in the body (base64 takes 4/3 of the bytes).",
-    )
-    ocr_max_pages: int = Field(
-        default=64,
-        gt=0,
-        description="Most pages one OCR request may read (413 above): one request holds "
-        "the OCR worker for all its pages, so lower keeps other requests' latency down.",
-    )
-    ocr_max_pixels: int = Field(
-        default=40_000_000,
-        gt=0,
-        description="Most pixels of one page image, read from its header before it is "
-        "decoded (413 above); a PDF page is rendered at a lower resolution to fit. Each "
-        "million pixels costs 3 MB of memory while the page is read.",
-    )
-    ocr_pdf_dpi: float = Field(
-        default=200.0,
-        gt=0,
-        le=1200,
-        description="Resolution PDF pages without a text layer are rendered at for OCR: "
-        "higher reads smaller print, and costs memory and time with its square.",
-    )
-    ocr_local_roots: Annotated[list[Path], NoDecode] = Field(
-        default_factory=list,
-        description="Folders an OCR request's file URL or path may point into, "
-        "comma-separated, checked after symlinks resolve; empty: documents only in the "
-        "request body. Read by the worker, on its machine.",
-    )
-
-    # -- ingestion and the vector store ------------------------------------
-    kafka: str | None = Field(
-        default=None,
-        description="Kafka bootstrap servers (host:port,...) of the documents to ingest: with "
-        "--topic, `serve` also ingests. Requests travel on JetStream (--nats), not Kafka.",
-    )
-    topic: str | None = Field(default=None, description="Kafka topic of documents to ingest.")
-    group: str = Field(
-        default="flotilla-ingest",
-        description="Consumer group; ingest workers in one group share the topic's partitions.",
-    )
-    collection: str = Field(
-        default="documents",
-        description="Collection for records that do not name one; `eval retrieval` writes "
-        "<collection>.<model>.",
-    )
+    # -- the vector store and the files ------------------------------------
     store: Literal["edge", "qdrant"] = Field(
         default="edge",
         description="'edge': Qdrant's engine in-process, on disk under --data-dir (one process "
@@ -190,63 +119,11 @@ class Settings(BaseSettings):
     )
     qdrant_url: str | None = Field(default=None, description="Qdrant server URL (--store qdrant).")
     qdrant_api_key: str | None = Field(default=None, description="Qdrant API key, if any.")
-    ingest_model: str | None = Field(
-        default=None,
-        description="Model that embeds the documents of `ingest` and `serve --kafka` (name, "
-        "alias or MODEL:ADAPTER); the fleet's first when unset. A record's flotilla-model "
-        "header or 'model' field still chooses its own.",
-    )
-    ingest_ocr_model: str | None = Field(
-        default=None,
-        description="OCR model that reads the records carrying an image or PDF instead of "
-        "text (`ingest`, `serve --kafka`, the documents route); the fleet's first OCR model "
-        "when unset. `ingest` loads it beside its embedding model; without one such records "
-        "are dead-lettered.",
-    )
-    chunking: bool = Field(
-        default=True,
-        description="Split a document longer than its model's window into passages, each a "
-        "point of its own, at sentence or paragraph ends. Off: such a document is "
-        "dead-lettered, or cut to the window with --auto-truncate.",
-    )
-    chunk_max_tokens: int = Field(
-        default=0,
-        ge=0,
-        description="Most tokens in a passage, the model's prompt and special tokens "
-        "included; 0 (or more than the window) takes the model's window. Smaller passages "
-        "match more precisely and make more points to embed and store.",
-    )
-    chunk_overlap_tokens: int = Field(
-        default=0,
-        ge=0,
-        description="Tokens at the end of a passage repeated at the start of the next, in "
-        "whole units (sentences, else words), at most half a passage. More keeps context "
-        "across a cut; each repeated token is embedded and stored again.",
-    )
-    ingest_max_text_bytes: int = Field(
-        default=200_000,
-        gt=0,
-        description="Longest document text accepted, in UTF-8 bytes; longer documents are "
-        "dead-lettered, not embedded.",
-    )
-    ingest_max_records: int = Field(
-        default=512,
-        gt=0,
-        description="Records per chunk: one commit per chunk. Larger amortizes commits and "
-        "fills batches; smaller redelivers less after a crash. Also the most documents "
-        "one request to a server's documents route may carry (413 above).",
-    )
     progress_interval_s: float = Field(
         default=5.0,
         gt=0,
         description="Seconds between the plain progress lines a long command prints when its "
         "output is not a terminal (a log, CI, a pipe); a terminal gets a live bar instead.",
-    )
-    dlq_create: bool = Field(
-        default=True,
-        description="Create the dead-letter topic <topic>.dlq at start when it is missing "
-        "(with the topic's partition count). Off: a missing one stops ingest at start, for "
-        "clusters where only their owners create topics.",
     )
 
     # -- the distributed work queue (`flotilla gateway` / `flotilla worker`) ----
@@ -266,101 +143,148 @@ class Settings(BaseSettings):
         description="Names this gateway's reply subject; <hostname>-<port> when unset. Keep it "
         "unique per gateway: gateways sharing one each receive, and drop, the other's replies.",
     )
-
-    # -- the JetStream work queue (`flotilla gateway --nats` / `flotilla worker --nats`) --
+    # Which substrate carries requests (flotilla.transports); its settings are `jetstream`.
     nats: str | None = Field(
         default=None,
         description="NATS server URL(s) with JetStream (nats://host:4222,...): `gateway` and "
         "`worker` share their work queue through it, per message (any worker takes any "
         "request of a model it hosts).",
     )
-    nats_stream: str = Field(
-        default="FLOTILLA_JOBS",
-        description="Work-queue stream of requests; its dead letters go to <stream>_DEAD and "
-        "worker liveness to the KV bucket <stream>_workers.",
-    )
-    nats_subject_prefix: str = Field(
-        default="flotilla.jobs",
-        description="Requests are published on <prefix>.<model>: a worker pulls only the "
-        "models it hosts, through one durable consumer per model its peers share.",
-    )
-    nats_storage: Literal["memory", "file"] = Field(
-        default="file",
-        description="Where the stream keeps requests: 'file' survives a server restart and "
-        "costs a disk write per request; 'memory' is faster and loses the queued requests "
-        "when the server restarts (their clients get 504).",
-    )
-    nats_ack_wait_s: float = Field(
-        default=10.0,
-        gt=0,
-        description="How long a request a worker holds without news goes unacked before it "
-        "is given to another worker. Lower recovers a dead worker's requests sooner; workers "
-        "send in-progress acks every third of it, so long jobs are not run twice.",
-    )
-    nats_max_ack_pending: int = Field(
-        default=1_024,
-        gt=0,
-        description="Most requests of one model held by all its workers at once (fetched, not "
-        "yet acked); past it the server hands out nothing more. Higher fills more workers' "
-        "budgets; lower bounds what a dead worker strands until --nats-ack-wait-s.",
-    )
-    nats_max_deliver: int = Field(
-        default=5,
-        gt=0,
-        description="Deliveries of one request before it is dead-lettered (<stream>_DEAD, with "
-        "the reason) and its client gets 502. Counts crashes, stalls past the ack wait and "
-        "hand-backs over a worker's budget: higher tolerates more, lower stops a request "
-        "that kills workers sooner.",
-    )
-    nats_nak_delay_ms: int = Field(
-        default=20,
-        ge=0,
-        description="Delay before a request a worker handed back (over its token budget) is "
-        "offered again. Lower gives it sooner to a free worker; higher keeps the same busy "
-        "worker from taking it straight back.",
-    )
-    nats_max_age_s: float = Field(
-        default=3_600.0,
-        gt=0,
-        description="Longest a request or dead letter is kept in its stream; requests expire "
-        "at their own deadline long before, so this only bounds what an outage leaves.",
-    )
-    nats_max_bytes: int = Field(
-        default=1 << 30,
-        gt=0,
-        description="Bytes the request stream (and the dead-letter stream) may hold; past it "
-        "new requests are refused (503) instead of old ones being dropped unseen.",
-    )
-    nats_max_message_bytes: int = Field(
-        default=8 * 1024 * 1024,
-        gt=0,
-        description="Largest request flotilla publishes (413 above), also the streams' message "
-        "limit; the server's max_payload (1 MB unless configured) caps requests and replies.",
-    )
-    nats_replicas: int = Field(
-        default=1,
-        ge=1,
-        description="Copies of each stream in a NATS cluster (at most 5): 3 survives a "
-        "server loss, at the cost of a replicated write per request; 1 on a single server.",
-    )
+
+    # -- the subsystems' own settings: each section is the object its subsystem takes,
+    # defaults included; each of its fields is a setting, named by its alias if it has
+    # one. The wiring hands a section over as it is.
+    gateway: GatewayLimits = Field(default_factory=GatewayLimits)
+    requests: RequestLimits = Field(default_factory=RequestLimits)
+    ocr: OcrLimits = Field(default_factory=OcrLimits)
+    jetstream: JetStreamConfig = Field(default_factory=JetStreamConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
 
     @property
     def adapters_root(self) -> Path:
         return self.adapters_dir or self.data_dir / "adapters"
 
-    @field_validator("api_keys", mode="before")
     @classmethod
-    def _split_keys(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [key.strip() for key in value.split(",") if key.strip()]
-        return value
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sections = SectionVariables(settings_cls)
+        return init_settings, env_settings, sections, dotenv_settings, file_secret_settings
 
-    @field_validator("ocr_local_roots", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _split_roots(cls, value: object) -> object:
-        if isinstance(value, str | Path):  # the variable, or the flag (parsed as a path)
-            return [Path(root.strip()) for root in str(value).split(",") if root.strip()]
-        return value
+    def _into_sections(cls, data: Any) -> Any:
+        """A section's setting given by its name (a flag, a keyword argument) goes into its
+        section, over what the environment gave that section."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for name, where in setting_fields(cls).items():
+            if where.section is None or name not in data:
+                continue
+            section = data.get(where.section) or {}
+            if isinstance(section, BaseModel):
+                section = section.model_dump(exclude_unset=True)
+            data[where.section] = {**section, where.field: data.pop(name)}
+        return data
+
+    def updated(self, **changes: Any) -> Self:
+        """A copy with ``changes``, each given by its setting's name (as its flag)."""
+        fields = setting_fields(type(self))
+        own: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        for name, value in changes.items():
+            where = fields[name]
+            if where.section is None:
+                own[where.field] = value
+            else:
+                sections.setdefault(where.section, {})[where.field] = value
+        for section, values in sections.items():
+            own[section] = getattr(self, section).model_copy(update=values)
+        return self.model_copy(update=own)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """Where one setting lives: ``field`` of ``Settings`` itself (``section`` None), or of
+    the section ``section``; ``info`` holds its default, type and description."""
+
+    section: str | None
+    field: str
+    info: FieldInfo
+
+    def value(self, settings: BaseModel) -> Any:
+        holder = settings if self.section is None else getattr(settings, self.section)
+        return getattr(holder, self.field)
+
+    def is_set(self, settings: BaseModel) -> bool:
+        """Given (by a flag, a variable or a keyword), not left at its default."""
+        holder = settings if self.section is None else getattr(settings, self.section)
+        return self.field in holder.model_fields_set
+
+
+def _section(info: FieldInfo) -> type[BaseModel] | None:
+    annotation = info.annotation
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+@functools.cache
+def setting_fields(cls: type[BaseModel]) -> dict[str, Setting]:
+    """Every setting of ``cls`` by its name: its flag is --<name> (underscores as dashes),
+    its variable FLOTILLA_<NAME>. A section's field is named by its alias, else by its
+    own name."""
+    found: dict[str, Setting] = {}
+    for name, info in cls.model_fields.items():
+        section = _section(info)
+        inside = section.model_fields.items() if section else [(name, info)]
+        for field, sub in inside:
+            alias = sub.validation_alias if section else None
+            key = alias if isinstance(alias, str) else field
+            if key in found or (section and key in cls.model_fields):
+                raise TypeError(f"{cls.__name__}: {key!r} names two settings, or a section")
+            found[key] = Setting(name if section else None, field, sub)
+    return found
+
+
+def section_settings(section: str, cls: type[BaseModel] = Settings) -> tuple[str, ...]:
+    """The names of a section's settings, in the order of its fields."""
+    return tuple(n for n, where in setting_fields(cls).items() if where.section == section)
+
+
+def setting_values(settings: Settings, *, given: bool = False) -> dict[str, Any]:
+    """The settings' values by their names; ``given``: only those not left at their
+    defaults."""
+    return {
+        name: where.value(settings)
+        for name, where in setting_fields(type(settings)).items()
+        if not given or where.is_set(settings)
+    }
+
+
+class SectionVariables(PydanticBaseSettingsSource):
+    """FLOTILLA_<NAME> of each setting inside a section, into its section: pydantic-
+    settings itself reads a variable per field of Settings only (FLOTILLA_OCR, not
+    FLOTILLA_OCR_MAX_PAGES). Below the other variables and the keywords (flags)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ reads every variable at once
+
+    def __call__(self) -> dict[str, Any]:
+        prefix = self.config.get("env_prefix", "").lower()
+        environ = {key.lower(): value for key, value in os.environ.items()}
+        values: dict[str, dict[str, Any]] = {}
+        for name, where in setting_fields(self.settings_cls).items():
+            value = environ.get(f"{prefix}{name}")
+            if where.section is not None and value is not None:
+                values.setdefault(where.section, {})[where.field] = value
+        return values
 
 
 class LoraSettings(Settings, TrainConfig, Prices):
@@ -392,13 +316,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "max_inflight_tokens",
         "bytes_per_token",
     ),
-    "OCR": (
-        "ocr_max_document_bytes",
-        "ocr_max_pages",
-        "ocr_max_pixels",
-        "ocr_pdf_dpi",
-        "ocr_local_roots",
-    ),
+    "OCR": section_settings("ocr"),
     "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
     "Ingest": (
         "collection",
@@ -412,22 +330,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "progress_interval_s",
     ),
     "Kafka": ("kafka", "topic", "group", "dlq_create"),
-    "JetStream": (
-        "nats",
-        "nats_stream",
-        "nats_subject_prefix",
-        "nats_storage",
-        "nats_ack_wait_s",
-        "nats_max_ack_pending",
-        "nats_max_deliver",
-        "nats_nak_delay_ms",
-        "nats_max_age_s",
-        "nats_max_bytes",
-        "nats_max_message_bytes",
-        "nats_replicas",
-        "reply_topic_prefix",
-        "gateway_id",
-    ),
+    "JetStream": ("nats", *section_settings("jetstream"), "reply_topic_prefix", "gateway_id"),
     "LoRA training": tuple(TrainConfig.model_fields),
     "Prices": tuple(Prices.model_fields),
 }

@@ -37,7 +37,7 @@ from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import FlotillaError
 from embedder.tasks.fleet import load_fleet
 from flotilla import wiring
-from flotilla.settings import LoraSettings
+from flotilla.settings import LoraSettings, setting_values
 from flotilla.signals import stop_event, stopped_first
 from lora.compare import compare, describe
 from lora.config import TrainConfig
@@ -72,18 +72,16 @@ LOG_TAIL = 2000  # characters of a failed trial's log quoted in its note
 def _env(settings: LoraSettings, recipe: Recipe, seed: int) -> dict[str, str]:
     """The child's environment: the settings the sweep was given (its own environment
     is inherited), the recipe's knobs over them."""
-    values: dict[str, Any] = settings.model_dump(include=settings.model_fields_set)
+    values: dict[str, Any] = setting_values(settings, given=True)
     values |= recipe.knobs() | {"train_seed": seed}
     env = dict(os.environ)
     for name, value in values.items():
         if value is None:
             continue
-        if name == "lora_targets":  # read as a comma-separated list (NoDecode)
-            text = ",".join(value) if isinstance(value, list) else str(value)
+        if isinstance(value, list | tuple):  # every list setting is read comma-separated
+            text = ",".join(map(str, value))
         elif isinstance(value, bool):
             text = "true" if value else "false"
-        elif isinstance(value, list | dict):
-            text = json.dumps(value, default=str)  # complex settings are JSON in the environment
         else:
             text = str(value)
         env[f"FLOTILLA_{name.upper()}"] = text
@@ -218,7 +216,7 @@ class PipelineRunner:
             self.corpus,
             self.queries,
             self.qrels,
-            collection=self.settings.collection,
+            collection=self.settings.ingest.collection,
             model=model,
         )
 
@@ -281,13 +279,11 @@ def sweep(
     qrels = read_qrels(data / "qrels.tsv")
     queries = {q: t for q, t in read_queries(data / "queries.jsonl").items() if q in qrels}
     out.mkdir(parents=True, exist_ok=True)
-    settings = settings.model_copy(
-        update={
-            "auto_truncate": True,
-            "chunking": False,
-            "data_dir": out / "serve",
-            "adapters_dir": out / "serve" / "adapters",
-        }
+    settings = settings.updated(
+        auto_truncate=True,
+        chunking=False,
+        data_dir=out / "serve",
+        adapters_dir=out / "serve" / "adapters",
     )
     bm25 = score("bm25", "bm25", bm25_run(corpus, queries, language="de"), qrels)
     held = TrainConfig.model_validate(settings.model_dump())  # what no trial changes

@@ -9,15 +9,12 @@ from __future__ import annotations
 import re
 import socket
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from embedder.core.jobs import ModelStates
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue.protocol import JobPuller, JobSubmitter
 from flotilla.settings import Settings
-
-if TYPE_CHECKING:  # the client is imported only when this transport is chosen
-    from embedder.queue.jetstream.streams import JetStreamConfig
 
 
 class Submitter(JobSubmitter, Protocol):
@@ -59,49 +56,31 @@ def reply_topic(settings: Settings) -> str:
 
 
 class JetStreamTransport:
+    """Its clients are imported only when this transport is chosen; each takes the
+    settings' ``jetstream`` section as its config."""
+
     name = "jetstream"
-
-    @staticmethod
-    def config(settings: Settings) -> JetStreamConfig:
-        from embedder.queue.jetstream.streams import JetStreamConfig
-
-        return JetStreamConfig(
-            stream=settings.nats_stream,
-            subject_prefix=settings.nats_subject_prefix,
-            dead_stream=f"{settings.nats_stream}_DEAD",
-            dead_prefix=f"{settings.nats_subject_prefix}_dead",
-            workers_bucket=f"{settings.nats_stream}_workers",
-            storage=settings.nats_storage,
-            max_age_s=settings.nats_max_age_s,
-            max_bytes=settings.nats_max_bytes,
-            max_message_bytes=settings.nats_max_message_bytes,
-            ack_wait_s=settings.nats_ack_wait_s,
-            max_ack_pending=settings.nats_max_ack_pending,
-            max_deliver=settings.nats_max_deliver,
-            nak_delay_ms=settings.nats_nak_delay_ms,
-            replicas=settings.nats_replicas,
-        )
 
     def submitter(self, settings: Settings) -> Submitter:
         from embedder.queue.jetstream.submitter import JetStreamSubmitter
 
         assert settings.nats
         return JetStreamSubmitter(
-            url=settings.nats, inbox=reply_topic(settings), config=self.config(settings)
+            url=settings.nats, inbox=reply_topic(settings), config=settings.jetstream
         )
 
     def fleet_status(self, settings: Settings) -> FleetView:
         from embedder.queue.jetstream.liveness import FleetLiveness
 
         assert settings.nats
-        return FleetLiveness(url=settings.nats, config=self.config(settings))
+        return FleetLiveness(url=settings.nats, config=settings.jetstream)
 
     def puller(self, settings: Settings, worker_id: str) -> Puller:
         from embedder.queue.jetstream.puller import JetStreamPuller
 
         assert settings.nats
         return JetStreamPuller(
-            url=settings.nats, config=self.config(settings), name=f"flotilla-worker {worker_id}"
+            url=settings.nats, config=settings.jetstream, name=f"flotilla-worker {worker_id}"
         )
 
     def heartbeat(
@@ -115,7 +94,7 @@ class JetStreamTransport:
             worker_id=worker_id,
             models=models,
             states=states,
-            config=self.config(settings),
+            config=settings.jetstream,
         )
 
 

@@ -22,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from embedder.core.device import detect_device, fingerprint, usable_cores
+from embedder.core.errors import FlotillaError
 from embedder.core.fleet import DeviceKind, entry_as
 from embedder.tasks.embed.runtimes import load_runtime
 from embedder.tasks.embed.spec import EncoderSpec
@@ -77,13 +78,33 @@ def _as_law(sections: Sequence[TextSection]) -> Law:
     )
 
 
+class NoLaws(FlotillaError):
+    """German law was asked for and none is where --calibration-dir points, or no
+    folder is given."""
+
+    code = "no_calibration_laws"
+
+
 def calibration(
-    spec: EncoderSpec, which: Calibration, laws_dir: Path, texts: int, console: Console
+    spec: EncoderSpec, which: Calibration, laws_dir: Path | None, texts: int, console: Console
 ) -> Calibrated:
+    """German law for ``--calibration gesetze``, and for a multilingual model under
+    ``auto`` when ``laws_dir`` is given; English otherwise, saying so for such a model.
+    Raises ``NoLaws`` when ``laws_dir`` is asked for and holds no laws."""
     prefix = spec.prompt_prefix(use="document")
     german = which == "gesetze" or (which == "auto" and spec.name in GERMAN)
-    laws = read_laws(laws_dir) if german and laws_dir.is_dir() else []
-    if laws and any(law.sections for law in laws):
+    if which == "gesetze" and laws_dir is None:
+        raise NoLaws(
+            "--calibration gesetze reads German laws: give their folder with "
+            "--calibration-dir (FLOTILLA_CALIBRATION_DIR)"
+        )
+    laws = read_laws(laws_dir) if german and laws_dir is not None and laws_dir.is_dir() else []
+    if german and laws_dir is not None and not any(law.sections for law in laws):
+        raise NoLaws(
+            f"no German laws (gesetze/*.md format) at {laws_dir}: point --calibration-dir "
+            "(FLOTILLA_CALIBRATION_DIR) at such a folder"
+        )
+    if laws:
         paragraphs = [p for law in laws for s in law.sections for p in s.body.split("\n")]
         small = [law for law in laws if law.slug in LABELLED_LAWS] or laws[:1]
         slugs = ",".join(law.slug for law in small)
@@ -93,8 +114,8 @@ def calibration(
         )
     sections = english_sections()
     note = "English: Python's language reference topics (pydoc_data.topics)"
-    if german:
-        note += f"; no German laws at {laws_dir} (--calibration-dir), so English instead"
+    if german:  # auto, and no folder of laws given
+        note += "; no --calibration-dir (FLOTILLA_CALIBRATION_DIR) of German laws given"
         console.print(f"[yellow]{spec.name}: {note}[/]")
     workload = Workload(mixed_lengths(paragraphs_of(sections), texts), prefix)
     return Calibrated(workload, _labelled("python-reference", [_as_law(sections)]), note)

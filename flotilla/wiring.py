@@ -1,11 +1,12 @@
 """The wiring: what each command runs, built from the one settings object.
 
 Each concept is assembled here once (the fleet as configured, the adapter catalog,
-the request limits, the vector store, the model host, the ingest core, the gateway's
-config, logging and the HTTP server, set up in ``flotilla.http_server``), so every
-command in ``serve``, ``distributed``, ``ingest`` and ``evaluate`` is a few lines over
-these builders. The packages below (``gateway``, ``embedder``, ``ingest``) never import
-this module or the settings: they take the small objects built here.
+the vector store, the model host, the ingest core, the gateway's config, logging and
+the HTTP server, set up in ``flotilla.http_server``), so every command in ``serve``,
+``distributed``, ``ingest`` and ``evaluate`` is a few lines over these builders. The
+packages below (``gateway``, ``embedder``, ``ingest``) never import this module or the
+settings: they take the small objects built here, and the settings' sections, which
+are their own config objects, as they are.
 """
 
 from __future__ import annotations
@@ -26,11 +27,9 @@ from embedder.core.jobs import Task, split_model
 from embedder.host import ModelHost
 from embedder.queue import JobPuller
 from embedder.queue.inprocess import InProcessQueue
-from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.fleet import load_fleet
 from embedder.tasks.kind import Loader
-from embedder.tasks.ocr.api import OcrLimits
 from embedder.tasks.registry import encoder_loaders
 from embedder.tuned import load_tuned
 from flotilla import __version__
@@ -57,34 +56,13 @@ def adapter_catalog(settings: Settings, fleet: Fleet) -> AdapterCatalog:
     return AdapterCatalog(fleet, settings.adapters_root)
 
 
-def request_limits(settings: Settings) -> RequestLimits:
-    return RequestLimits(
-        max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
-    )
-
-
-def ocr_limits(settings: Settings) -> OcrLimits:
-    return OcrLimits(
-        max_document_bytes=settings.ocr_max_document_bytes,
-        max_pages=settings.ocr_max_pages,
-        max_pixels=settings.ocr_max_pixels,
-        pdf_dpi=settings.ocr_pdf_dpi,
-        local_roots=tuple(settings.ocr_local_roots),
-    )
-
-
 def gateway_config(settings: Settings) -> GatewayConfig:
     return GatewayConfig(
         version=__version__,
-        api_keys=tuple(settings.api_keys),
-        max_body_bytes=settings.max_body_bytes,
-        request_timeout_s=settings.request_timeout_s,
-        max_inflight_tokens=settings.max_inflight_tokens,
         bytes_per_token=settings.bytes_per_token,
-        body_timeout_s=settings.body_timeout_s,
-        max_documents_per_request=settings.ingest_max_records,
-        ocr_max_pages=settings.ocr_max_pages,
-        ocr_max_document_bytes=settings.ocr_max_document_bytes,
+        max_documents_per_request=settings.ingest.max_records,
+        limits=settings.gateway,
+        ocr=settings.ocr,
     )
 
 
@@ -113,8 +91,8 @@ def ingest_models(settings: Settings) -> list[str]:
     reads records carrying an image or PDF, if the fleet has one. A --model or
     --ingest-ocr-model the fleet lacks fails here, before anything loads."""
     fleet = configured_fleet(settings)
-    embedding = settings.ingest_model or fleet.default_model
-    if settings.ingest_model is not None:
+    embedding = settings.ingest.model or fleet.default_model
+    if settings.ingest.model is not None:
         record_rules(settings, fleet, adapter_catalog(settings, fleet))
     reader = ocr_model(settings, fleet)
     return [embedding] if reader is None or reader == embedding else [embedding, reader]
@@ -123,16 +101,16 @@ def ingest_models(settings: Settings) -> list[str]:
 def ocr_model(settings: Settings, fleet: Fleet) -> str | None:
     """The model that reads ingested images and PDFs: --ingest-ocr-model, else the fleet's
     first OCR model; None when the fleet has none."""
-    if settings.ingest_ocr_model is None:
+    if settings.ingest.ocr_model is None:
         return next((n for n, s in fleet.models.items() if s.task == Task.OCR), None)
     try:
-        spec = fleet.get(settings.ingest_ocr_model)
+        spec = fleet.get(settings.ingest.ocr_model)
     except ModelNotFound:
         spec = None
     if spec is None or spec.task != Task.OCR:
         readers = [n for n, s in fleet.models.items() if s.task == Task.OCR]
         raise SystemExit(
-            f"--ingest-ocr-model {settings.ingest_ocr_model!r} (FLOTILLA_INGEST_OCR_MODEL) is "
+            f"--ingest-ocr-model {settings.ingest.ocr_model!r} (FLOTILLA_INGEST_OCR_MODEL) is "
             "not an OCR model of the fleet; its OCR models: " + (", ".join(readers) or "none")
         )
     return spec.name
@@ -152,19 +130,19 @@ def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> 
         return f"{model}:{adapter}"
 
     default_model = fleet.default_model
-    if settings.ingest_model is not None:
-        resolved = resolve(settings.ingest_model)
+    if settings.ingest.model is not None:
+        resolved = resolve(settings.ingest.model)
         if resolved is None:
             raise SystemExit(
-                f"--model {settings.ingest_model!r} (FLOTILLA_INGEST_MODEL) is neither a "
+                f"--model {settings.ingest.model!r} (FLOTILLA_INGEST_MODEL) is neither a "
                 f"model of the fleet ({', '.join(fleet.models)}) nor MODEL:ADAPTER of a "
                 "registered adapter"
             )
         default_model = resolved
     return RecordRules(
-        default_collection=settings.collection,
+        default_collection=settings.ingest.collection,
         default_model=default_model,
-        max_text_bytes=settings.ingest_max_text_bytes,
+        max_text_bytes=settings.ingest.max_text_bytes,
         resolve_model=resolve,
         ocr_model=ocr_model(settings, fleet),
     )
@@ -182,7 +160,7 @@ def model_host(
     return ModelHost(
         fleet,
         queue,
-        options=[request_limits(settings), ocr_limits(settings)],
+        options=[settings.requests, settings.ocr],
         device=settings.device,
         threads=settings.threads,
         loaders=None if loader is None else encoder_loaders(loader),
@@ -230,10 +208,10 @@ def local_stack(
     store = store or configured_store(settings, serving_url=serving_url)
     rules = record_rules(settings, fleet, adapters)  # a bad --model fails before loading
     embedder = QueueEmbedder(
-        queue, bytes_per_token=settings.bytes_per_token, truncate=settings.auto_truncate
+        queue, bytes_per_token=settings.bytes_per_token, truncate=settings.requests.auto_truncate
     )
     reader = QueueReader(
-        queue, bytes_per_token=settings.bytes_per_token, max_pages=settings.ocr_max_pages
+        queue, bytes_per_token=settings.bytes_per_token, max_pages=settings.ocr.max_pages
     )
     host = model_host(settings, fleet, queue, adapters, loader, adapter_models)
     core = IngestCore(embedder, store, rules, chunking=chunking(settings, host), reader=reader)
@@ -242,11 +220,12 @@ def local_stack(
 
 def chunking(settings: Settings, host: ModelHost) -> Chunking:
     """Passages counted with each loaded model's own tokenizer and document prompt."""
+    ingest = settings.ingest
     return Chunking(
         model_windows(LoadedEncoders(host.engines)),
-        enabled=settings.chunking,
-        max_tokens=settings.chunk_max_tokens,
-        overlap_tokens=settings.chunk_overlap_tokens,
+        enabled=ingest.chunking,
+        max_tokens=ingest.chunk_max_tokens,
+        overlap_tokens=ingest.chunk_overlap_tokens,
     )
 
 
@@ -294,22 +273,23 @@ def kafka_ingest(settings: Settings, core: IngestCore) -> IngestSupervisor | Non
     """Supervised ingest of --topic into ``core`` when --kafka and --topic are set: a
     failed run (a missing topic included) restarts with backoff while the process
     serves, and its state is the ``IngestHealth`` of /ready and /metrics."""
-    if not (settings.kafka and settings.topic):
+    if not (settings.ingest.bootstrap and settings.ingest.topic):
         return None
     return IngestSupervisor(kafka_source(settings, core))
 
 
 def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:
     """The consumer of --topic feeding ``core``; needs --kafka and --topic."""
-    if not (settings.kafka and settings.topic):
+    ingest = settings.ingest
+    if not (ingest.bootstrap and ingest.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     return KafkaSource(
         core,
-        bootstrap=settings.kafka,
-        topic=settings.topic,
-        group=settings.group,
-        max_records=settings.ingest_max_records,
-        dlq_create=settings.dlq_create,
+        bootstrap=ingest.bootstrap,
+        topic=ingest.topic,
+        group=ingest.group,
+        max_records=ingest.max_records,
+        dlq_create=ingest.dlq_create,
     )
 
 

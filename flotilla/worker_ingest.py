@@ -53,7 +53,7 @@ class WorkerIngest:
     async def open(self) -> None:
         """Open the collection before any model loads: one of the embedded store that
         another process owns fails at once (409, the message names the owner)."""
-        await wiring.claim_collections(self.stack, [self.settings.collection])
+        await wiring.claim_collections(self.stack, [self.settings.ingest.collection])
 
     async def start(self) -> None:
         await self.relay.start()

@@ -1,25 +1,67 @@
 """What the gateway needs to know of the settings, as one small immutable object.
 
-The wiring (``flotilla.wiring.gateway_config``) builds it from the one settings
-object; the gateway itself never imports ``flotilla``, so it stays a layer below
-the commands and can be wired by anything (tests, benchmarks, another CLI).
-Each message that names a limit also names the flag that changes it.
+The gateway's own settings are ``GatewayLimits``, which ``flotilla.settings`` holds as
+its ``gateway`` section; ``GatewayConfig`` adds what the gateway shares with other
+parts: the OCR limits it checks before queueing, the token estimate and the documents
+routes' batch. The wiring (``flotilla.wiring.gateway_config``) passes those sections
+in; the gateway itself never imports ``flotilla``, so it stays a layer below the
+commands and can be wired by anything (tests, benchmarks, another CLI). Each message
+that names a limit also names the flag that changes it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from embedder.tasks.ocr.api import OcrLimits
+
+
+class GatewayLimits(BaseModel):
+    """Who may call, and how much and how long a request may take; each field a setting."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api_keys: tuple[str, ...] = Field(
+        default=(),
+        description="Accepted bearer tokens, comma-separated; empty leaves the API open.",
+    )
+    request_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Deadline of a request from arrival; past it the client gets 504 and the "
+        "worker skips the job.",
+    )
+    max_body_bytes: int = Field(
+        default=4_000_000, gt=0, description="Largest request body accepted (413 above)."
+    )
+    body_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest wait for the next piece of a request body; past it the client "
+        "gets 408 and the connection closes. Lower frees stalled connections sooner, higher "
+        "tolerates slower uploads.",
+    )
+    max_inflight_tokens: int = Field(
+        default=65_536,
+        gt=0,
+        description="Estimated tokens admitted per model at once; beyond it requests get 429 "
+        "with Retry-After. Higher absorbs bursts, lower bounds queueing latency.",
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     version: str  # shown in the OpenAPI document
-    api_keys: tuple[str, ...]  # accepted bearer tokens; empty leaves the API open
-    max_body_bytes: int
-    request_timeout_s: float
-    max_inflight_tokens: int  # per model
     bytes_per_token: float  # for estimating a body's tokens without parsing it
-    body_timeout_s: float = 10.0  # longest wait for the next piece of a request body (408)
-    max_documents_per_request: int = 512  # the documents routes' batches
-    ocr_max_pages: int = 64  # /v1/ocr: pages one request may ask for (413)
-    ocr_max_document_bytes: int = 20_000_000  # /v1/ocr: a document's decoded size (413)
+    max_documents_per_request: int  # the documents routes' batches
+    limits: GatewayLimits = field(default_factory=GatewayLimits)
+    ocr: OcrLimits = field(default_factory=OcrLimits)  # /v1/ocr: pages and document size

@@ -201,7 +201,7 @@ class CollectionDocuments:
             with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
                 routing = msgspec.json.decode(raw, type=ocr_api.Routing)
                 if routing.document is not None:
-                    return ocr_api.estimate_tokens(routing, len(raw), config.ocr_max_pages)
+                    return ocr_api.estimate_tokens(routing, len(raw), config.ocr.max_pages)
         return math.ceil(len(raw) / config.bytes_per_token)
 
     @staticmethod

@@ -31,12 +31,12 @@ class OcrRoute:
         if adapter or fields.adapter:
             raise InvalidRequest(f"model {spec.name!r} serves no adapters: OCR runs base models")
         config = gateway.config
-        check_routing(fields, config.ocr_max_pages)
+        check_routing(fields, config.ocr.max_pages)
         encoded = int(len(body) * BASE64_RATIO)
-        if encoded > config.ocr_max_document_bytes:
+        if encoded > config.ocr.max_document_bytes:
             raise LimitExceeded(
                 f"the document has about {encoded} bytes, over the limit of "
-                f"{config.ocr_max_document_bytes}: send a smaller one, or raise "
+                f"{config.ocr.max_document_bytes}: send a smaller one, or raise "
                 "--ocr-max-document-bytes (FLOTILLA_OCR_MAX_DOCUMENT_BYTES)"
             )
         return Job.new(
@@ -47,7 +47,7 @@ class OcrRoute:
             timeout_s=gateway.timeout_s(request),
             bytes_per_token=config.bytes_per_token,
             priority=gateway.priority(request),
-            est_tokens=estimate_tokens(fields, len(body), config.ocr_max_pages),
+            est_tokens=estimate_tokens(fields, len(body), config.ocr.max_pages),
         )
 
     async def respond(self, job: Job, result: JobResult) -> JobResult:

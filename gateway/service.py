@@ -102,7 +102,7 @@ class Gateway:
         self.queue = queue
         self.states = states
         self.clock = clock
-        self.admission = Admission(config.max_inflight_tokens, clock=clock)
+        self.admission = Admission(config.limits.max_inflight_tokens, clock=clock)
 
     async def handle(self, request: Request, route: Route) -> Response:
         # The route's template, not the path: /v1/collections/{name}/search is one label.
@@ -188,7 +188,7 @@ class Gateway:
     # -- request checks ---------------------------------------------------
 
     def authorize(self, request: Request) -> None:
-        keys = self.config.api_keys
+        keys = self.config.limits.api_keys
         if not keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -198,7 +198,7 @@ class Gateway:
             raise Unauthorized("missing or unknown API key: send 'Authorization: Bearer <key>'")
 
     async def read_body(self, request: Request) -> bytes:
-        limit = self.config.max_body_bytes
+        limit = self.config.limits.max_body_bytes
         too_big = LimitExceeded(
             f"request body over {limit} bytes: split the request, or raise --max-body-bytes "
             "(FLOTILLA_MAX_BODY_BYTES)"
@@ -211,14 +211,14 @@ class Gateway:
         stream = aiter(request.stream())
         while True:
             try:
-                async with asyncio.timeout(self.config.body_timeout_s):
+                async with asyncio.timeout(self.config.limits.body_timeout_s):
                     chunk = await anext(stream)
             except StopAsyncIteration:
                 break
             except TimeoutError:
                 raise BodyTimeout(
                     f"the request body stopped arriving: nothing for "
-                    f"{self.config.body_timeout_s:g} s after {size} bytes"
+                    f"{self.config.limits.body_timeout_s:g} s after {size} bytes"
                     + (f" of {declared}" if declared is not None else "")
                     + ": send the whole body, or raise --body-timeout-s (FLOTILLA_BODY_TIMEOUT_S)"
                 ) from None
@@ -236,7 +236,7 @@ class Gateway:
         return body
 
     def timeout_s(self, request: Request) -> float:
-        limit = self.config.request_timeout_s
+        limit = self.config.limits.request_timeout_s
         asked = request.headers.get("x-request-timeout-ms")
         if asked is None:
             return limit

@@ -12,7 +12,7 @@ import flotilla.cli
 import flotilla.distributed
 from flotilla.cli import app
 from flotilla.distributed import reply_topic
-from flotilla.settings import Settings
+from flotilla.settings import Settings, setting_fields
 from tests.gateway.test_no_torch import heavy_modules_after
 
 pytestmark = pytest.mark.usefixtures("clean_env")
@@ -38,7 +38,7 @@ def test_every_setting_is_a_flag(command: str) -> None:
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)
     accepted = {opt for param in root.commands[command].params for opt in param.opts}
-    for name in Settings.model_fields:
+    for name in setting_fields(Settings):
         assert f"--{name.replace('_', '-')}" in accepted, name
 
 
@@ -65,9 +65,13 @@ def test_flags_and_environment_reach_the_commands(started: list[tuple[str, Setti
     assert CliRunner().invoke(app, ["gateway", *flags], env=env).exit_code == 0
     assert CliRunner().invoke(app, ["worker", "--nats", "nats://n2:4222"], env=env).exit_code == 0
     (_, gw), (_, wk) = started
-    assert (gw.nats, gw.nats_ack_wait_s, gw.nats_max_deliver) == ("nats://n1:4222", 30.0, 3)
+    assert (gw.nats, gw.jetstream.ack_wait_s, gw.jetstream.max_deliver) == (
+        "nats://n1:4222",
+        30.0,
+        3,
+    )
     assert reply_topic(gw) == "flotilla.replies.gw-a"
-    assert (wk.nats, wk.nats_stream, wk.nats_subject_prefix) == (
+    assert (wk.nats, wk.jetstream.stream, wk.jetstream.subject_prefix) == (
         "nats://n2:4222",
         "GPU_JOBS",
         "flotilla.jobs",
@@ -87,7 +91,13 @@ def test_a_worker_that_ingests_needs_the_broker_and_a_valid_collection(
     flags = [*nats, "--kafka", "k:9092", "--topic", "docs", "--group", "g1"]
     assert CliRunner().invoke(app, flags).exit_code == 0
     ((_, wk),) = started
-    assert (wk.nats, wk.kafka, wk.topic, wk.group) == ("nats://n:4222", "k:9092", "docs", "g1")
+    ingest = wk.ingest
+    assert (wk.nats, ingest.bootstrap, ingest.topic, ingest.group) == (
+        "nats://n:4222",
+        "k:9092",
+        "docs",
+        "g1",
+    )
 
 
 def test_the_reply_inbox_defaults_to_host_and_port_in_subject_characters() -> None:

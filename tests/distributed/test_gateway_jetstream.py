@@ -21,7 +21,6 @@ from embedder.queue.jetstream.liveness import WorkerLiveness
 from embedder.tasks.fleet import load_fleet
 from flotilla.distributed import build_gateway_app, run_worker
 from flotilla.settings import Settings
-from flotilla.transports import JetStreamTransport
 from tests.distributed.helpers import bounded, eventually
 from tests.fakes import FAIL_MARKER, FakeLoader
 from tests.gateway.conftest import running_stack
@@ -148,7 +147,7 @@ async def test_a_request_no_worker_answers_ends_in_504_not_a_hang(settings: Sett
         worker_id="silent",
         models=["alpha", "beta"],
         states=_ClaimsReady(),
-        config=JetStreamTransport.config(settings),
+        config=settings.jetstream,
     )
     async with gateway(settings) as client, beat:
         await until_ready(client)

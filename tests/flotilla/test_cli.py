@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 import flotilla.serve
 from flotilla.cli import app
-from flotilla.settings import LoraSettings, Settings
+from flotilla.settings import LoraSettings, Settings, setting_fields
+from gateway.config import GatewayLimits
 
 FLEET = """\
 models:
@@ -94,7 +95,7 @@ def test_defaults_when_nothing_is_given(runner: CliRunner, served: list[Settings
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 0, result.output
     assert served == [Settings()]
-    assert (served[0].host, served[0].port, served[0].api_keys) == ("127.0.0.1", 8080, [])
+    assert (served[0].host, served[0].port, served[0].gateway.api_keys) == ("127.0.0.1", 8080, ())
 
 
 def test_flags_override_env_which_overrides_defaults(
@@ -113,19 +114,19 @@ def test_flags_override_env_which_overrides_defaults(
     assert result.exit_code == 0, result.output
     (settings,) = served
     assert settings.port == 9001  # flag over env
-    assert settings.api_keys == ["flag-key"]  # flag over env, split like the env value
-    assert settings.auto_truncate is False  # a false flag still overrides a true env var
+    assert settings.gateway.api_keys == ("flag-key",)  # flag over env, split like the env value
+    assert settings.requests.auto_truncate is False  # a false flag still overrides a true env var
     assert settings.host == "0.0.0.0"  # env over default
-    assert settings.max_inflight_tokens == 1000  # env over default
-    assert settings.request_timeout_s == 2.5  # flag over default
+    assert settings.gateway.max_inflight_tokens == 1000  # env over default
+    assert settings.gateway.request_timeout_s == 2.5  # flag over default
     assert settings.fleet == tmp_path / "fleet.yaml"
-    assert settings.max_body_bytes == Settings.model_fields["max_body_bytes"].default
+    assert settings.gateway.max_body_bytes == GatewayLimits().max_body_bytes
 
 
 def test_env_list_is_split_on_commas(runner: CliRunner, served: list[Settings]) -> None:
     result = runner.invoke(app, ["serve"], env={"FLOTILLA_API_KEYS": " a , b ,, c "})
     assert result.exit_code == 0, result.output
-    assert served[0].api_keys == ["a", "b", "c"]
+    assert served[0].gateway.api_keys == ("a", "b", "c")
 
 
 def test_every_setting_is_a_flag(runner: CliRunner) -> None:
@@ -139,9 +140,9 @@ def test_every_setting_is_a_flag(runner: CliRunner) -> None:
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)
     accepted = {opt for param in root.commands["serve"].params for opt in param.opts}
-    for name in LoraSettings.model_fields:
+    for name in setting_fields(LoraSettings):
         assert f"--{name.replace('_', '-')}" in listed, name
-    for name in Settings.model_fields:
+    for name in setting_fields(Settings):
         assert f"--{name.replace('_', '-')}" in accepted, name
 
 

@@ -28,18 +28,18 @@ import flotilla.lora
 import flotilla.serve
 import flotilla.tune
 from flotilla.cli import app
-from flotilla.settings import GROUPS, LoraSettings, Settings
+from flotilla.settings import GROUPS, LoraSettings, Settings, setting_fields, setting_values
 from lora.config import Prices, TrainConfig
 
 # What each command's code path reads, found by reading it. Written out here rather than
 # taken from flotilla.cli, so that a change to what a command shows is a change to this
 # table too.
-NATS = {name for name in LoraSettings.model_fields if name.startswith("nats")}
+NATS = {name for name in setting_fields(LoraSettings) if name.startswith("nats")}
 READS: dict[tuple[str, ...], frozenset[str]] = {
     # flotilla.serve: serve() (uvicorn, logging), build_app() (fleet and model cache, the
-    # model host, request_limits(), adapter_catalog(), configured_store(), the Kafka
-    # source and IngestCore when --kafka and --topic are set), and the gateway app
-    # (api keys, body limit, deadline, admission, token estimate).
+    # model host with the requests and ocr sections, adapter_catalog(), configured_store(),
+    # the Kafka source and IngestCore when --kafka and --topic are set), and the gateway
+    # app (api keys, body limit, deadline, admission, token estimate).
     ("serve",): frozenset(
         {
             *("host", "port", "log_level"),
@@ -177,7 +177,7 @@ def rows(output: str) -> dict[str, str | None]:
     return listed
 
 
-SETTING_FLAGS = {flag(name) for name in LoraSettings.model_fields}
+SETTING_FLAGS = {flag(name) for name in setting_fields(LoraSettings)}
 
 
 @pytest.fixture
@@ -230,14 +230,14 @@ def test_every_command_accepts_every_setting_as_a_flag() -> None:
             group = group.commands[name]
         params = {p.name: p for p in group.params}
         cls = settings_class(command)
-        for name in cls.model_fields:
+        for name in setting_fields(cls):
             assert name in params, (command, name)
             assert getattr(params[name], "hidden", False) is (name not in READS[command])
 
 
 def test_groups_place_every_setting_once() -> None:
     placed = [name for names in GROUPS.values() for name in names]
-    assert sorted(placed) == sorted(LoraSettings.model_fields)
+    assert sorted(placed) == sorted(setting_fields(LoraSettings))
     assert all(GROUPS.values())
 
 
@@ -247,7 +247,7 @@ def test_groups_place_every_setting_once() -> None:
 def values(name: str, cls: type[Settings], tmp: Path) -> tuple[list[str], str, Any]:
     """A setting's flag arguments, a different environment value, and what the flag
     should make of it."""
-    annotation = cls.model_fields[name].annotation
+    annotation = setting_fields(cls)[name].info.annotation
     args = typing.get_args(annotation)
     if annotation is bool:
         return [f"--no-{flag(name)[2:]}"], "true", False  # a false flag over a true variable
@@ -257,8 +257,8 @@ def values(name: str, cls: type[Settings], tmp: Path) -> tuple[list[str], str, A
         return [flag(name), "7"], "5", 7
     if annotation is float:
         return [flag(name), "0.5"], "0.25", 0.5
-    if typing.get_origin(annotation) is list:  # of str, or of Path
-        return [flag(name), "a,b"], "c", [args[0]("a"), args[0]("b")]
+    if typing.get_origin(annotation) in (list, tuple):  # of str, or of Path
+        return [flag(name), "a,b"], "c", typing.get_origin(annotation)(map(args[0], "ab"))
     if Path in (annotation, *args):
         return [flag(name), str(tmp / "flag" / name)], str(tmp / "env" / name), tmp / "flag" / name
     return [flag(name), f"flag-{name}"], f"env-{name}", f"flag-{name}"
@@ -304,6 +304,9 @@ def own_arguments(command: tuple[str, ...], tmp: Path) -> list[str]:
     if command == ("lora", "train"):
         (tmp / "train.jsonl").write_text("", encoding="utf-8")
         return ["--base", "m", "--pairs", str(tmp / "train.jsonl"), "--out", str(tmp / "a")]
+    if command == ("tune",):  # the folder of laws --calibration-dir names must be one
+        (tmp / "flag" / "calibration_dir").mkdir(parents=True)
+        return []
     if command == ("lora", "cost"):
         (tmp / "adapter").mkdir()
         (tmp / "adapter" / "flotilla_adapter.json").write_text("{}", encoding="utf-8")
@@ -325,7 +328,7 @@ def test_each_setting_is_a_flag_over_its_environment_variable(
 ) -> None:
     """Every setting, shown or not: the flag is taken over a different variable."""
     cls = settings_class(command)
-    names = [n for n in cls.model_fields if (n in READS[command]) is shown]
+    names = [n for n in setting_fields(cls) if (n in READS[command]) is shown]
     args, env, want = own_arguments(command, tmp_path), {"COLUMNS": "200"}, {}
     if "nats" not in names:
         env[var("nats")] = "nats://n:4222"  # the gateway and the worker refuse to start without
@@ -336,7 +339,7 @@ def test_each_setting_is_a_flag_over_its_environment_variable(
     assert result.exit_code == 0, result.output
     (settings,) = recorded
     assert isinstance(settings, cls)
-    assert {name: getattr(settings, name) for name in names} == want
+    assert {name: setting_values(settings)[name] for name in names} == want
 
 
 def test_an_unshown_setting_still_comes_from_the_environment(
@@ -347,7 +350,7 @@ def test_an_unshown_setting_still_comes_from_the_environment(
     result = runner.invoke(app, ["eval", "retrieval", *args], env=env)
     assert result.exit_code == 0, result.output
     (settings,) = recorded
-    assert (settings.nats_stream, settings.port) == ("ENV_JOBS", 9000)
+    assert (settings.jetstream.stream, settings.port) == ("ENV_JOBS", 9000)
     assert settings.reply_topic_prefix == Settings.model_fields["reply_topic_prefix"].default
 
 

@@ -4,11 +4,13 @@ builds serves the model with it, saying so in describe() (what /v1/models shows)
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from embedder.core.device import fingerprint
@@ -77,3 +79,53 @@ async def test_tune_writes_a_profile_that_the_served_host_then_picks(
     pinned = host.describe("pinned")["profile"]
     assert pinned["source"] == "fleet" and "pins dtype float32" in pinned["why"]  # type: ignore[index]
     assert host.describe("pinned")["dtype"] == "float32"
+
+
+# -- the laws multilingual models calibrate on: only where --calibration-dir points ------
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_gesetze_without_a_folder_of_laws_names_the_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flotilla.tune
+
+    ran: list[object] = []
+    monkeypatch.setattr(flotilla.tune, "tune", lambda *args, **kwargs: ran.append(args))
+    done = CliRunner().invoke(app, ["tune", "--calibration", "gesetze"])
+    assert done.exit_code == 2, done.output
+    assert "--calibration-dir" in done.output and "FLOTILLA_CALIBRATION_DIR" in done.output
+    missing = ["tune", "--calibration-dir", str(tmp_path / "absent")]
+    done = CliRunner().invoke(app, missing)
+    assert done.exit_code == 2, done.output
+    assert "is not a folder" in done.output
+    assert ran == []
+
+
+def test_calibration_takes_laws_only_from_the_folder_given(tmp_path: Path) -> None:
+    from flotilla.tune import NoLaws, calibration
+
+    spec = load_fleet().get("multilingual-e5-small")
+    console = Console(file=io.StringIO())
+    english = calibration(spec, "auto", None, 8, console)
+    assert english.note.startswith("English")
+    assert "--calibration-dir" in english.note  # says what would give it German law
+    with pytest.raises(NoLaws, match="--calibration-dir"):
+        calibration(spec, "gesetze", None, 8, console)
+    with pytest.raises(NoLaws, match="no German laws"):
+        calibration(spec, "auto", tmp_path, 8, console)  # a folder, but no laws in it
+    (tmp_path / "bgb.md").write_text(LAW, encoding="utf-8")
+    german = calibration(spec, "auto", tmp_path, 8, console)
+    assert german.note.startswith("German law from")
+
+
+LAW = """# Bürgerliches Gesetzbuch
+
+###### § 1 Beginn der Rechtsfähigkeit
+
+Die Rechtsfähigkeit des Menschen beginnt mit der Vollendung der Geburt.
+
+###### § 2 Eintritt der Volljährigkeit
+
+Die Volljährigkeit tritt mit der Vollendung des 18. Lebensjahres ein.
+"""

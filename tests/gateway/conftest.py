@@ -25,7 +25,6 @@ from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.core.jobs import Job, JobResult, Task
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
-from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.runtimes import Encoded
 from embedder.tasks.fleet import parse_fleet
 from embedder.tasks.kind import Loader as RuntimeLoader
@@ -160,11 +159,7 @@ async def running_stack(
     host = ModelHost(
         fleet,
         queue,
-        options=[
-            RequestLimits(
-                max_inputs=settings.max_inputs_per_request, auto_truncate=settings.auto_truncate
-            )
-        ],
+        options=[settings.requests],
         device="cpu",
         loaders=encoder_loaders(loader),
     )

@@ -23,7 +23,7 @@ from embedder.tasks.kind import Loader as RuntimeLoader
 from embedder.tasks.registry import encoder_loaders
 from flotilla.http_server import server_config
 from flotilla.settings import Settings
-from flotilla.wiring import gateway_config, ocr_limits, record_rules, request_limits
+from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import IngestCore
@@ -65,7 +65,7 @@ def live_server(
     host = ModelHost(
         fleet,
         queue,
-        options=[request_limits(settings), ocr_limits(settings)],
+        options=[settings.requests, settings.ocr],
         device="cpu",
         loaders=encoder_loaders(loader or Loader()),
     )

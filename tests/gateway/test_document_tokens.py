@@ -8,11 +8,12 @@ import json
 from types import SimpleNamespace
 
 from embedder.tasks.ocr.api import TOKENS_PER_PAGE
+from gateway.config import GatewayConfig
 from gateway.documents import CollectionDocuments
 
 
 def route() -> CollectionDocuments:
-    config = SimpleNamespace(bytes_per_token=4.0, ocr_max_pages=64)
+    config = GatewayConfig(version="test", bytes_per_token=4.0, max_documents_per_request=512)
     return CollectionDocuments(SimpleNamespace(config=config), core=None)  # type: ignore[arg-type]
 
 

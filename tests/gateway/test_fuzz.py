@@ -19,7 +19,7 @@ from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.registry import encoder_loaders
 from flotilla.settings import Settings
-from flotilla.wiring import gateway_config, record_rules, request_limits
+from flotilla.wiring import gateway_config, record_rules
 from gateway.app import create_app
 from ingest.embedding import QueueEmbedder
 from ingest.pipeline import IngestCore
@@ -60,11 +60,7 @@ def document() -> dict[str, Any]:
     fleet = fake_fleet_with_reranker("alpha", "beta")
     queue = InProcessQueue()
     host = ModelHost(
-        fleet,
-        queue,
-        options=[request_limits(SETTINGS)],
-        device="cpu",
-        loaders=encoder_loaders(Loader()),
+        fleet, queue, options=[SETTINGS.requests], device="cpu", loaders=encoder_loaders(Loader())
     )
     store = QdrantStore(location=":memory:")
     core = IngestCore(

@@ -15,7 +15,7 @@ from embedder.core.jobs import ModelState
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.fleet import parse_fleet
 from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, GatewayLimits
 
 FLEET = parse_fleet(
     {
@@ -40,10 +40,10 @@ class Ready:
 
 @pytest.fixture
 async def client() -> AsyncIterator[tuple[httpx.AsyncClient, InProcessQueue]]:
+    limits = GatewayLimits(max_body_bytes=100_000, request_timeout_s=5, max_inflight_tokens=400)
     config = GatewayConfig(
-        version="test", api_keys=(), max_body_bytes=100_000, request_timeout_s=5,
-        max_inflight_tokens=400, bytes_per_token=4,
-    )  # fmt: skip
+        version="test", bytes_per_token=4, max_documents_per_request=512, limits=limits
+    )
     queue = InProcessQueue()
     app = create_app(config, FLEET, queue, Ready())
     transport = httpx.ASGITransport(app=app)

@@ -161,7 +161,7 @@ async def test_truncate_cuts_an_input_of_any_length_up_to_the_body_limit(stack: 
     # 1.5 MB of text (over 262 KB: admission refused it at its estimated full length).
     words = [f"w{i}" for i in range(300_000)]
     text = " ".join(words)
-    assert 1_000_000 < len(text) < Settings().max_body_bytes
+    assert 1_000_000 < len(text) < Settings().gateway.max_body_bytes
     runtime = stack.runtime("alpha")
     seen: list[int] = []
     tokenize = runtime.tokenize

@@ -16,6 +16,7 @@ reply. Past ``max_deliver`` deliveries the server announces the job, a worker mo
 it to the dead-letter stream with the reason, and its gateway answers the client
 with ``Undeliverable``. Workers record their models in a KV bucket (``liveness``)
 that gateways watch to answer 503 at once for a model no live worker serves.
-``streams`` holds the settings and creates streams, consumers and the bucket.
+``config`` holds the settings and names; ``streams`` creates streams, consumers and
+the bucket.
 This file imports nothing, so the pure ``wire`` loads without nats.
 """

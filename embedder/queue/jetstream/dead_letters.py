@@ -19,7 +19,8 @@ from prometheus_client import Counter as MetricCounter
 from embedder.core.errors import Undeliverable
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
-from embedder.queue.jetstream.streams import MAX_DELIVERIES_ADVISORY, JetStreamConfig
+from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.streams import MAX_DELIVERIES_ADVISORY
 
 log = logging.getLogger(__name__)
 

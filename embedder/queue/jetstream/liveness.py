@@ -21,7 +21,8 @@ from nats.js.kv import KeyValue
 
 from embedder.core.jobs import ModelStates
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
-from embedder.queue.jetstream.streams import JetStreamConfig, workers_bucket
+from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.streams import workers_bucket
 from embedder.queue.jetstream.submitter import connect
 from embedder.queue.remote_workers import RemoteWorkers
 

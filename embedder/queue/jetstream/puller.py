@@ -22,8 +22,9 @@ from embedder.core.errors import LimitExceeded
 from embedder.core.jobs import Job
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream import wire
+from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.dead_letters import DeadLetters
-from embedder.queue.jetstream.streams import JetStreamConfig, ensure_consumer, ensure_streams
+from embedder.queue.jetstream.streams import ensure_consumer, ensure_streams
 from embedder.queue.jetstream.submitter import connect
 from embedder.queue.protocol import Outcome, Partial
 from embedder.tasks.embed.batching import take_within, urgency

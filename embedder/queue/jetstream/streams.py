@@ -1,12 +1,10 @@
-"""The streams, consumers and bucket the JetStream work queue uses, their settings, and
-their idempotent creation (every gateway and worker ensures them at start)."""
+"""The streams, consumers and bucket the JetStream work queue uses, and their idempotent
+creation (every gateway and worker ensures them at start); their settings are
+``config.JetStreamConfig``."""
 
 from __future__ import annotations
 
 import logging
-import re
-from dataclasses import dataclass
-from typing import Literal
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -22,54 +20,12 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from embedder.queue.jetstream.config import JetStreamConfig
+
 log = logging.getLogger(__name__)
 
 # What the server announces when a consumer gives up on a message (max_deliver reached).
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
-
-
-@dataclass(frozen=True, slots=True)
-class JetStreamConfig:
-    """Everything both halves must agree on; ``flotilla.settings`` documents each field."""
-
-    stream: str = "FLOTILLA_JOBS"
-    subject_prefix: str = "flotilla.jobs"
-    dead_stream: str = "FLOTILLA_DEAD"
-    dead_prefix: str = "flotilla.dead"
-    workers_bucket: str = "flotilla-workers"
-    consumer_prefix: str = "workers"
-    storage: Literal["memory", "file"] = "file"
-    max_age_s: float = 3_600.0
-    max_bytes: int = 1 << 30
-    max_message_bytes: int = 8 * 1024 * 1024
-    ack_wait_s: float = 10.0
-    max_ack_pending: int = 1_024
-    max_deliver: int = 5
-    nak_delay_ms: int = 20
-    replicas: int = 1
-
-    def subject(self, model: str) -> str:
-        return f"{self.subject_prefix}.{subject_token(model)}"
-
-    @property
-    def withdrawn_subject(self) -> str:
-        """Core NATS, outside every stream: a gateway names a job whose client left, and
-        the worker holding it stops it (``{subject_prefix}.>`` does not match it)."""
-        return f"{self.subject_prefix}-withdrawn"
-
-    def dead_subject(self, model: str) -> str:
-        return f"{self.dead_prefix}.{subject_token(model)}"
-
-    def consumer(self, model: str) -> str:
-        return f"{self.consumer_prefix}-{subject_token(model)}"
-
-
-def subject_token(name: str) -> str:
-    """One subject token (and consumer name) per model name, distinct names kept distinct:
-    anything but letters, digits, ``-`` is written ``_XX`` (its UTF-8 bytes in hex)."""
-    return re.sub(
-        r"[^A-Za-z0-9-]", lambda m: "".join(f"_{b:02X}" for b in m.group().encode()), name
-    )
 
 
 def _storage(config: JetStreamConfig) -> StorageType:

@@ -24,7 +24,8 @@ from embedder.core.errors import DeadlineExceeded, InferenceFailed, LimitExceede
 from embedder.core.jobs import Job, JobResult
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
-from embedder.queue.jetstream.streams import JetStreamConfig, ensure_streams
+from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.protocol import Partial, ReplyStream, resolve
 
 log = logging.getLogger(__name__)

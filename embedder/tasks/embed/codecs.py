@@ -14,6 +14,7 @@ import msgspec
 import numpy as np
 import orjson
 from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
 
 from embedder.core.errors import InvalidRequest, LimitExceeded
 from embedder.core.fleet import PromptUse
@@ -23,10 +24,25 @@ from embedder.core.rawjson import check_depth, decode_struct
 _B = TypeVar("_B", bound=msgspec.Struct)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestLimits:
-    max_inputs: int = 2048
-    auto_truncate: bool = False  # what OpenAI-shaped requests, which cannot say, get
+class RequestLimits(BaseModel):
+    """How requests are decoded where the models run. ``flotilla.settings`` holds it as
+    its ``requests`` section: each field is a setting, named by its alias if it has one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True)
+
+    max_inputs: int = Field(
+        default=512,
+        gt=0,
+        validation_alias="max_inputs_per_request",
+        description="Most inputs or documents in one request (413 above); checked where the "
+        "models run (`serve`, `worker`).",
+    )
+    auto_truncate: bool = Field(
+        default=False,
+        description="Cut over-long inputs to the model's limit instead of refusing them: "
+        "requests that do not say (OpenAI and Cohere shapes) get vectors instead of a 413, "
+        "ingested documents are cut instead of dead-lettered. Applied where the models run.",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,6 +46,7 @@ from typing import Literal
 
 import msgspec
 import orjson
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from embedder.core.errors import InvalidRequest, LimitExceeded
 from embedder.core.rawjson import decode_struct
@@ -55,15 +56,58 @@ PDF_BYTES_PER_PAGE = 100_000  # a PDF's page count guessed from its size, unpars
 BASE64_RATIO = 3 / 4  # decoded bytes per base64 character
 
 
-@dataclass(frozen=True, slots=True)
-class OcrLimits:
-    """What one OCR request may hold, checked where the document is decoded."""
+class OcrLimits(BaseModel):
+    """What one OCR request may hold, checked where the document is decoded (the pages
+    and the size also at the gateway). ``flotilla.settings`` holds it as its ``ocr``
+    section: each field is a setting, named by its alias."""
 
-    max_document_bytes: int = 20_000_000
-    max_pages: int = 64
-    max_pixels: int = 40_000_000  # of one page image, read from its header first
-    pdf_dpi: float = 200.0  # pages without a text layer are rendered at this resolution
-    local_roots: tuple[Path, ...] = ()  # where file URLs may point; none: no file URLs
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True)
+
+    max_document_bytes: int = Field(
+        default=20_000_000,
+        gt=0,
+        validation_alias="ocr_max_document_bytes",
+        description="Largest document (image or PDF) one OCR request may carry, decoded, "
+        "or a local file may have (413 above). Also bounded by --max-body-bytes for "
+        "documents sent in the body (base64 takes 4/3 of the bytes).",
+    )
+    max_pages: int = Field(
+        default=64,
+        gt=0,
+        validation_alias="ocr_max_pages",
+        description="Most pages one OCR request may read (413 above): one request holds "
+        "the OCR worker for all its pages, so lower keeps other requests' latency down.",
+    )
+    max_pixels: int = Field(
+        default=40_000_000,
+        gt=0,
+        validation_alias="ocr_max_pixels",
+        description="Most pixels of one page image, read from its header before it is "
+        "decoded (413 above); a PDF page is rendered at a lower resolution to fit. Each "
+        "million pixels costs 3 MB of memory while the page is read.",
+    )
+    pdf_dpi: float = Field(
+        default=200.0,
+        gt=0,
+        le=1200,
+        validation_alias="ocr_pdf_dpi",
+        description="Resolution PDF pages without a text layer are rendered at for OCR: "
+        "higher reads smaller print, and costs memory and time with its square.",
+    )
+    local_roots: tuple[Path, ...] = Field(
+        default=(),
+        validation_alias="ocr_local_roots",
+        description="Folders an OCR request's file URL or path may point into, "
+        "comma-separated, checked after symlinks resolve; empty: documents only in the "
+        "request body. Read by the worker, on its machine.",
+    )
+
+    @field_validator("local_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        if isinstance(value, str | Path):  # the variable, or the flag (parsed as a path)
+            return [Path(root.strip()) for root in str(value).split(",") if root.strip()]
+        return value
 
 
 class _DocumentRouting(msgspec.Struct):

@@ -13,8 +13,8 @@ import pytest
 
 from bench.services.nats import NatsServer
 from embedder.core.jobs import JobResult
+from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.puller import JetStreamPuller
-from embedder.queue.jetstream.streams import JetStreamConfig
 from tests.embedder.queue.jetstream.test_queue import WAIT_S, config, job, queue, result
 
 pytestmark = pytest.mark.slow  # starts the server

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import random
 import time
 from collections.abc import AsyncIterator
@@ -28,15 +27,10 @@ from embedder.core.errors import (
 from embedder.core.jobs import ApiShape, Job, JobResult, Timings
 from embedder.queue.jetstream import puller as puller_module
 from embedder.queue.jetstream import wire
+from embedder.queue.jetstream.config import JetStreamConfig, subject_token
 from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
 from embedder.queue.jetstream.puller import JetStreamPuller
-from embedder.queue.jetstream.streams import (
-    JetStreamConfig,
-    ensure_consumer,
-    ensure_streams,
-    subject_token,
-    workers_bucket,
-)
+from embedder.queue.jetstream.streams import ensure_consumer, ensure_streams, workers_bucket
 from embedder.queue.jetstream.submitter import JetStreamSubmitter, _Reassembly
 from embedder.queue.protocol import Partial, ReplyStream
 from tests.distributed.helpers import eventually
@@ -53,9 +47,6 @@ def config() -> JetStreamConfig:
     return JetStreamConfig(
         stream=f"JOBS_{tag}",
         subject_prefix=f"jobs.{tag}",
-        dead_stream=f"DEAD_{tag}",
-        dead_prefix=f"dead.{tag}",
-        workers_bucket=f"workers_{tag}",
         storage="memory",
         # Memory streams reserve their max_bytes on the shared server: keep each small.
         max_bytes=32 * 1024 * 1024,
@@ -186,7 +177,7 @@ async def test_workers_of_several_models_lose_no_job_to_a_fetch_left_running(
     """A worker's fetches for its models run together and the first to bring something
     ends the wait. The others must keep what they take: a message dropped there waits
     out ``ack_wait`` before redelivery (here a minute, far beyond the bound below)."""
-    config = dataclasses.replace(config, ack_wait_s=60.0)
+    config = config.model_copy(update={"ack_wait_s": 60.0})
     models = ["alpha", "beta", "gamma", "delta"]
     arrivals = random.Random(7)
     async with queue(nats_server, config, workers=3) as (submitter, pullers):
@@ -220,7 +211,7 @@ async def test_a_busy_workers_leftover_fetch_hands_its_catch_to_a_worker_that_as
     """The first worker's pull returns with an alpha job, its beta fetch left running;
     while it runs that batch (it never pulls again here), a beta job that fetch catches
     goes back at once to the second worker, who is asking: not after ``ack_wait``."""
-    config = dataclasses.replace(config, ack_wait_s=60.0)
+    config = config.model_copy(update={"ack_wait_s": 60.0})
     async with queue(nats_server, config, workers=2) as (submitter, [busy, free]):
         await submitter.put(job("a", model="alpha"))
         first = await busy.pull(["alpha", "beta"], 1_000, 3.0)
@@ -248,7 +239,7 @@ async def test_expired_jobs_are_terminated_not_run(
 async def test_a_job_nobody_answers_is_dead_lettered_and_its_client_told(
     nats_server: NatsServer, config: JetStreamConfig
 ) -> None:
-    config = dataclasses.replace(config, max_deliver=2, ack_wait_s=0.3)
+    config = config.model_copy(update={"max_deliver": 2, "ack_wait_s": 0.3})
     async with queue(nats_server, config) as (submitter, [puller]):
         future = await submitter.put(job("poison"))
         # A worker that takes the job and dies, twice: fetched, never acked.

@@ -89,7 +89,9 @@ def test_tei_embed_fields() -> None:
     assert defaults.normalize is True
     assert defaults.truncate is True  # unset: the server's setting
     assert defaults.side == "right"
-    explicit = decode_embed(TEI, body({"inputs": "a", "truncate": False}), RequestLimits(True))
+    explicit = decode_embed(
+        TEI, body({"inputs": "a", "truncate": False}), RequestLimits(auto_truncate=True)
+    )
     assert explicit.truncate is False  # the request's own choice wins
 
 

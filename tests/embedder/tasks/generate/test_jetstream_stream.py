@@ -14,8 +14,8 @@ import orjson
 from bench.services.nats import NatsServer
 from embedder.core.jobs import ApiShape, Job, JobResult
 from embedder.queue import Partial
+from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.puller import JetStreamPuller
-from embedder.queue.jetstream.streams import JetStreamConfig
 from embedder.queue.jetstream.submitter import JetStreamSubmitter
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.generate.engine import GenerationEngine
@@ -44,8 +44,7 @@ async def test_parts_travel_the_gateway_inbox(
 ) -> None:
     tag = unique_name("g").replace("-", "_").upper()
     config = JetStreamConfig(
-        stream=f"JOBS_{tag}", subject_prefix=f"jobs.{tag}", dead_stream=f"DEAD_{tag}",
-        dead_prefix=f"dead.{tag}", workers_bucket=f"workers_{tag}", storage="memory",
+        stream=f"JOBS_{tag}", subject_prefix=f"jobs.{tag}", storage="memory",
     )  # fmt: skip
     submitter = JetStreamSubmitter(url=nats_server.url, inbox=unique_name("inbox"), config=config)
     puller = JetStreamPuller(url=nats_server.url, config=config)
@@ -73,8 +72,7 @@ async def test_a_withdrawn_stream_stops_on_the_worker_and_is_not_redelivered(
     another connection, stops the sequence within a few steps and acks the message."""
     tag = unique_name("w").replace("-", "_").upper()
     config = JetStreamConfig(
-        stream=f"JOBS_{tag}", subject_prefix=f"jobs.{tag}", dead_stream=f"DEAD_{tag}",
-        dead_prefix=f"dead.{tag}", workers_bucket=f"workers_{tag}", storage="memory",
+        stream=f"JOBS_{tag}", subject_prefix=f"jobs.{tag}", storage="memory",
         ack_wait_s=1.0,
     )  # fmt: skip
     submitter = JetStreamSubmitter(url=nats_server.url, inbox=unique_name("inbox"), config=config)

@@ -94,7 +94,8 @@ def test_bad_rerank_bodies_are_invalid_requests(shape: ApiShape, raw: bytes, mes
 
 def test_too_many_documents_names_the_limit() -> None:
     with pytest.raises(LimitExceeded, match="'documents' has 3 items, over the limit of 2"):
-        codecs.decode(COHERE, body({"query": "q", "documents": ["a"] * 3}), RequestLimits(2))
+        raw = body({"query": "q", "documents": ["a"] * 3})
+        codecs.decode(COHERE, raw, RequestLimits(max_inputs=2))
 
 
 def test_tei_rerank_reply_is_sorted_by_score() -> None:

@@ -1,0 +1,136 @@
+"""What both halves of the JetStream work queue must agree on: the names of its streams,
+subjects, consumers and bucket, and their limits. Imports no nats, so the settings can
+hold it (as their ``jetstream`` section, each field a setting named by its alias)
+without loading the client in a process that never uses it."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONSUMER_PREFIX = "workers"
+
+
+class JetStreamConfig(BaseModel):
+    """The stream's and consumers' settings; the dead-letter stream, its subjects and
+    the liveness bucket are named after the stream and the subject prefix."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True)
+
+    stream: str = Field(
+        default="FLOTILLA_JOBS",
+        validation_alias="nats_stream",
+        description="Work-queue stream of requests; its dead letters go to <stream>_DEAD and "
+        "worker liveness to the KV bucket <stream>_workers.",
+    )
+    subject_prefix: str = Field(
+        default="flotilla.jobs",
+        validation_alias="nats_subject_prefix",
+        description="Requests are published on <prefix>.<model>: a worker pulls only the "
+        "models it hosts, through one durable consumer per model its peers share.",
+    )
+    storage: Literal["memory", "file"] = Field(
+        default="file",
+        validation_alias="nats_storage",
+        description="Where the stream keeps requests: 'file' survives a server restart and "
+        "costs a disk write per request; 'memory' is faster and loses the queued requests "
+        "when the server restarts (their clients get 504).",
+    )
+    ack_wait_s: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias="nats_ack_wait_s",
+        description="How long a request a worker holds without news goes unacked before it "
+        "is given to another worker. Lower recovers a dead worker's requests sooner; workers "
+        "send in-progress acks every third of it, so long jobs are not run twice.",
+    )
+    max_ack_pending: int = Field(
+        default=1_024,
+        gt=0,
+        validation_alias="nats_max_ack_pending",
+        description="Most requests of one model held by all its workers at once (fetched, not "
+        "yet acked); past it the server hands out nothing more. Higher fills more workers' "
+        "budgets; lower bounds what a dead worker strands until --nats-ack-wait-s.",
+    )
+    max_deliver: int = Field(
+        default=5,
+        gt=0,
+        validation_alias="nats_max_deliver",
+        description="Deliveries of one request before it is dead-lettered (<stream>_DEAD, with "
+        "the reason) and its client gets 502. Counts crashes, stalls past the ack wait and "
+        "hand-backs over a worker's budget: higher tolerates more, lower stops a request "
+        "that kills workers sooner.",
+    )
+    nak_delay_ms: int = Field(
+        default=20,
+        ge=0,
+        validation_alias="nats_nak_delay_ms",
+        description="Delay before a request a worker handed back (over its token budget) is "
+        "offered again. Lower gives it sooner to a free worker; higher keeps the same busy "
+        "worker from taking it straight back.",
+    )
+    max_age_s: float = Field(
+        default=3_600.0,
+        gt=0,
+        validation_alias="nats_max_age_s",
+        description="Longest a request or dead letter is kept in its stream; requests expire "
+        "at their own deadline long before, so this only bounds what an outage leaves.",
+    )
+    max_bytes: int = Field(
+        default=1 << 30,
+        gt=0,
+        validation_alias="nats_max_bytes",
+        description="Bytes the request stream (and the dead-letter stream) may hold; past it "
+        "new requests are refused (503) instead of old ones being dropped unseen.",
+    )
+    max_message_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        validation_alias="nats_max_message_bytes",
+        description="Largest request flotilla publishes (413 above), also the streams' message "
+        "limit; the server's max_payload (1 MB unless configured) caps requests and replies.",
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        validation_alias="nats_replicas",
+        description="Copies of each stream in a NATS cluster (at most 5): 3 survives a "
+        "server loss, at the cost of a replicated write per request; 1 on a single server.",
+    )
+
+    @property
+    def dead_stream(self) -> str:
+        return f"{self.stream}_DEAD"
+
+    @property
+    def dead_prefix(self) -> str:
+        return f"{self.subject_prefix}_dead"
+
+    @property
+    def workers_bucket(self) -> str:
+        return f"{self.stream}_workers"
+
+    def subject(self, model: str) -> str:
+        return f"{self.subject_prefix}.{subject_token(model)}"
+
+    @property
+    def withdrawn_subject(self) -> str:
+        """Core NATS, outside every stream: a gateway names a job whose client left, and
+        the worker holding it stops it (``{subject_prefix}.>`` does not match it)."""
+        return f"{self.subject_prefix}-withdrawn"
+
+    def dead_subject(self, model: str) -> str:
+        return f"{self.dead_prefix}.{subject_token(model)}"
+
+    def consumer(self, model: str) -> str:
+        return f"{CONSUMER_PREFIX}-{subject_token(model)}"
+
+
+def subject_token(name: str) -> str:
+    """One subject token (and consumer name) per model name, distinct names kept distinct:
+    anything but letters, digits, ``-`` is written ``_XX`` (its UTF-8 bytes in hex)."""
+    return re.sub(
+        r"[^A-Za-z0-9-]", lambda m: "".join(f"_{b:02X}" for b in m.group().encode()), name
+    )
