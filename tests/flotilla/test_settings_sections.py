@@ -175,7 +175,8 @@ def test_the_wiring_passes_the_sections_themselves() -> None:
     fleet = load_fleet()
     catalog = wiring.adapter_catalog(settings, fleet)
     host = wiring.model_host(settings, fleet, InProcessQueue(), catalog)
-    assert host.request_limits is settings.requests and host.ocr_limits is settings.ocr
+    assert host.options[type(settings.requests)] is settings.requests
+    assert host.options[type(settings.ocr)] is settings.ocr
     transport = JetStreamTransport()
     assert transport.puller(settings, "w").config is settings.jetstream  # type: ignore[attr-defined]
     assert transport.submitter(settings).config is settings.jetstream  # type: ignore[attr-defined]
