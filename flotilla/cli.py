@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -32,6 +32,9 @@ from flotilla.settings import LoraSettings, Settings
 from flotilla.signals import exit_cleanly_until_running
 from lora.config import Prices, TrainConfig
 from lora.cost import GPU_PRICE_FIELDS
+
+if TYPE_CHECKING:  # lora.sweep imports optuna: only the sweep command loads it
+    from lora.sweep import SearchSpace
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
 
@@ -573,6 +576,39 @@ def lora_train(
         raise typer.BadParameter(str(exc)) from exc
 
 
+def _sweep_sets(data: Path, pairs: list[str]) -> dict[str, Path]:
+    """The training sets a sweep chooses among (NAME=PATH), else --data's train.jsonl;
+    --data must hold the development split that scores each trial."""
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"):
+        if not (data / name).is_file():
+            raise typer.BadParameter(f"{data} holds no {name}", param_hint="'--data'")
+    sets: dict[str, Path] = {}
+    for item in pairs:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not Path(path).is_file():
+            raise typer.BadParameter(f"{item!r}: give NAME=PATH of a file", param_hint="'--pairs'")
+        sets[name] = Path(path)
+    if not sets:
+        if not (data / "train.jsonl").is_file():
+            raise typer.BadParameter(f"{data} holds no train.jsonl", param_hint="'--data'")
+        sets[""] = data / "train.jsonl"
+    return sets
+
+
+def _search_space(space: Path | None, sets: dict[str, Path]) -> SearchSpace:
+    """--space's file over the defaults; several named sets make the set a knob."""
+    from lora.sweep import SearchSpace
+
+    try:
+        loaded = _yaml_or_json(space) if space is not None else {}
+        search_space = SearchSpace.model_validate(loaded)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--space'") from exc
+    if len(sets) > 1 or "" not in sets:
+        search_space = search_space.model_copy(update={"pairs": list(sets)})
+    return search_space
+
+
 @lora_app.command("sweep")
 @settings_flags(
     MODELS
@@ -637,28 +673,10 @@ def lora_sweep(
     scores it on the development split through the pipeline and store; writes a table, a
     PNG of nDCG@10 against cost, the best recipe, and its spread over seeds."""
     from flotilla.sweep import sweep
-    from lora.sweep import SearchSpace, SweepStopped
+    from lora.sweep import SweepStopped
 
-    for name in ("corpus.jsonl", "queries.jsonl", "qrels.tsv"):
-        if not (data / name).is_file():
-            raise typer.BadParameter(f"{data} holds no {name}", param_hint="'--data'")
-    sets: dict[str, Path] = {}
-    for item in pairs or []:
-        name, sep, path = item.partition("=")
-        if not sep or not name or not Path(path).is_file():
-            raise typer.BadParameter(f"{item!r}: give NAME=PATH of a file", param_hint="'--pairs'")
-        sets[name] = Path(path)
-    if not sets:
-        if not (data / "train.jsonl").is_file():
-            raise typer.BadParameter(f"{data} holds no train.jsonl", param_hint="'--data'")
-        sets[""] = data / "train.jsonl"
-    try:
-        loaded = _yaml_or_json(space) if space is not None else {}
-        search_space = SearchSpace.model_validate(loaded)
-    except (OSError, ValueError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--space'") from exc
-    if len(sets) > 1 or "" not in sets:
-        search_space = search_space.model_copy(update={"pairs": list(sets)})
+    sets = _sweep_sets(data, pairs or [])
+    search_space = _search_space(space, sets)
     if budget_device_s <= 0 or seeds < 1:
         raise typer.BadParameter("--budget-device-s must be positive and --seeds at least 1")
     try:

@@ -29,7 +29,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -258,6 +259,19 @@ def _line(trial: Trial, budget: Budget) -> str:
     )
 
 
+@dataclass(frozen=True)
+class _SearchPlan:
+    """What the search runs with, beside the runner."""
+
+    space: SearchSpace
+    first: Recipe
+    budget_device_s: float
+    storage: Path
+    sampler_seed: int
+    max_trials: int
+    seeds: int
+
+
 def sweep(
     settings: LoraSettings,
     *,
@@ -288,53 +302,19 @@ def sweep(
     bm25 = score("bm25", "bm25", bm25_run(corpus, queries, language="de"), qrels)
     held = TrainConfig.model_validate(settings.model_dump())  # what no trial changes
     first = default_recipe(held, first_steps, _first(space))
+    plan = _SearchPlan(
+        space, first, budget_device_s, out / "study.db", sampler_seed, max_trials, seeds
+    )
 
-    async def run() -> tuple[SystemResult, float, list[Trial], Budget, list[Trial]]:
-        stop = stop_event()  # before loading: a stop while loading is seen once it is done
-        # the trials' adapters are registered as they come: the base must take them
-        async with wiring.running_stack(settings, models=[base], with_adapters=[base]) as stack:
-            runner = PipelineRunner(
-                settings,
-                base=base,
-                pairs=pairs,
-                out=out,
-                stack=stack,
-                loop=asyncio.get_running_loop(),
-                corpus=corpus,
-                queries=queries,
-                qrels=qrels,
-            )
-            started = time.perf_counter()
-            base_result = await _unless_stopped(
-                asyncio.to_thread(runner.scored, base), runner, stop
-            )
-            base_device_s = (time.perf_counter() - started) * runner.cores
-            print(
-                f"{base}: nDCG@10 {base_result.metrics['ndcg@10']:.4f}; BM25 "
-                f"{bm25.metrics['ndcg@10']:.4f} ({len(queries)} queries, {len(corpus)} passages)",
-                flush=True,
-            )
-            trials, budget = await _unless_stopped(
-                asyncio.to_thread(
-                    search,
-                    runner,
-                    space,
-                    first=first,
-                    budget_device_s=budget_device_s,
-                    storage=out / "study.db",
-                    seed=sampler_seed,
-                    max_trials=max_trials,
-                    on_trial=lambda t, b: print(_line(t, b), flush=True),
-                ),
-                runner,
-                stop,
-            )
-            others = await _unless_stopped(
-                asyncio.to_thread(_other_seeds, runner, best(trials), seeds), runner, stop
-            )
-        return base_result, base_device_s, trials, budget, others
+    def runner_on(stack: wiring.LocalStack) -> PipelineRunner:
+        return PipelineRunner(
+            settings, base=base, pairs=pairs, out=out, stack=stack,
+            loop=asyncio.get_running_loop(), corpus=corpus, queries=queries, qrels=qrels,
+        )  # fmt: skip
 
-    base_result, base_device_s, trials, budget, others = asyncio.run(run())
+    base_result, base_device_s, trials, budget, others = asyncio.run(
+        _search_on_stack(settings, base, runner_on, plan, bm25.metrics["ndcg@10"])
+    )
     baselines = {"base": base_result.metrics["ndcg@10"], "bm25": bm25.metrics["ndcg@10"]}
     return _report(
         out,
@@ -348,6 +328,48 @@ def sweep(
         base_device_s,
         qrels,
         held,
+    )
+
+
+async def _search_on_stack(
+    settings: LoraSettings,
+    base: str,
+    runner_on: Callable[[wiring.LocalStack], PipelineRunner],
+    plan: _SearchPlan,
+    bm25_ndcg: float,
+) -> tuple[SystemResult, float, list[Trial], Budget, list[Trial]]:
+    """On a stack serving ``base`` (taking the trials' adapters as they come): the base's
+    score, the search, then the chosen recipe's other seeds."""
+    stop = stop_event()  # before loading: a stop while loading is seen once it is done
+    async with wiring.running_stack(settings, models=[base], with_adapters=[base]) as stack:
+        runner = runner_on(stack)
+        started = time.perf_counter()
+        base_result = await _unless_stopped(asyncio.to_thread(runner.scored, base), runner, stop)
+        base_device_s = (time.perf_counter() - started) * runner.cores
+        print(
+            f"{base}: nDCG@10 {base_result.metrics['ndcg@10']:.4f}; BM25 {bm25_ndcg:.4f} "
+            f"({len(runner.queries)} queries, {len(runner.corpus)} passages)",
+            flush=True,
+        )
+        trials, budget = await _unless_stopped(
+            asyncio.to_thread(_search, runner, plan), runner, stop
+        )
+        others = await _unless_stopped(
+            asyncio.to_thread(_other_seeds, runner, best(trials), plan.seeds), runner, stop
+        )
+    return base_result, base_device_s, trials, budget, others
+
+
+def _search(runner: PipelineRunner, plan: _SearchPlan) -> tuple[list[Trial], Budget]:
+    return search(
+        runner,
+        plan.space,
+        first=plan.first,
+        budget_device_s=plan.budget_device_s,
+        storage=plan.storage,
+        seed=plan.sampler_seed,
+        max_trials=plan.max_trials,
+        on_trial=lambda t, b: print(_line(t, b), flush=True),
     )
 
 
