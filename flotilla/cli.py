@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -31,9 +31,6 @@ from flotilla.flags import (
 from flotilla.lora_cli import lora_app
 from flotilla.settings import Settings
 from flotilla.signals import exit_cleanly_until_running
-
-if TYPE_CHECKING:  # lora.sweep imports optuna: only the sweep command loads it
-    pass
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
 
