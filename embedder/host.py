@@ -72,7 +72,10 @@ class ModelHost(Lifecycle):
     def state(self, model: str) -> ModelState:
         if model in self.failed:
             return "failed"
-        return "ready" if model in self.served and self._task is not None else "loading"
+        engine = self.served.get(model)
+        if engine is None or self._task is None:
+            return "loading"
+        return "ready" if engine.healthy(model) else "failed"
 
     def describe(self, model: str) -> dict[str, object]:
         if model in self.failed:
@@ -80,6 +83,8 @@ class ModelHost(Lifecycle):
         engine = self.served.get(model)
         if engine is None:
             return {}
+        if self._task is not None and not engine.healthy(model):
+            return {"error": "its engine stopped (a bug: the server log has the traceback)"}
         profile = {"profile": self.choices[model].describe()} if model in self.choices else {}
         return {**(engine.describe(model) or {}), **profile}
 

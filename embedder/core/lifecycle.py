@@ -24,6 +24,12 @@ def watch(task: asyncio.Task[None]) -> asyncio.Task[None]:
     return task
 
 
+def running(*tasks: asyncio.Task[None] | None) -> bool:
+    """Every task started and none ended: a loop that died (of a bug, which ``watch``
+    logged) is not running."""
+    return bool(tasks) and all(task is not None and not task.done() for task in tasks)
+
+
 async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
     """Cancel every task, then wait until each has finished unwinding (its ``finally``
     blocks run before the caller goes on to close what they use)."""

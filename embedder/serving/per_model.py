@@ -23,6 +23,8 @@ class ModelLoop(Protocol):
 
     async def stop(self) -> None: ...
 
+    def running(self) -> bool: ...
+
 
 class OneLoopPerModel:
     def __init__(self, make_loop: Callable[[ModelSpec, Any], ModelLoop]) -> None:
@@ -37,6 +39,10 @@ class OneLoopPerModel:
     def describe(self, model: str) -> dict[str, object] | None:
         loop = self.loops.get(model)
         return None if loop is None else asdict(loop.runtime.info)
+
+    def healthy(self, model: str) -> bool:
+        loop = self.loops.get(model)
+        return loop is not None and loop.running()
 
     async def stop(self) -> None:
         loops, self.loops = list(self.loops.values()), {}

@@ -40,6 +40,10 @@ class Engine(Protocol):
     def describe(self, model: str) -> dict[str, object] | None:
         """What ``/v1/models`` shows of a model this engine serves; None if not one."""
 
+    def healthy(self, model: str) -> bool:
+        """Whether the loop serving ``model`` runs: False once it has died (of a bug, its
+        traceback logged), so the model reads as failed instead of hanging its requests."""
+
     async def stop(self) -> None:
         """Stop; every job taken and not answered is failed, so no request hangs."""
 

@@ -54,6 +54,9 @@ class EncoderEngine:
         loaded = self.loaded.get(model)
         return None if loaded is None else asdict(loaded.runtime.info)
 
+    def healthy(self, model: str) -> bool:
+        return model in self.loaded and self.worker is not None and self.worker.running()
+
     async def stop(self) -> None:
         worker, self.worker = self.worker, None
         if worker is not None:

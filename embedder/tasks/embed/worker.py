@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from embedder.core.errors import DeadlineExceeded
 from embedder.core.jobs import Job
-from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait, running, watch
 from embedder.queue import JobPuller
 from embedder.serving import metrics
 from embedder.serving.pulling import IDLE_POLL_S, pull_or_pause
@@ -89,6 +89,9 @@ class Worker(Lifecycle):
             await self.queue.complete(
                 job.id, DeadlineExceeded("the worker stopped before this job finished")
             )
+
+    def running(self) -> bool:
+        return running(*self._tasks)
 
     def add_model(self, model: LoadedModel) -> None:
         """Serve one more model; the next pull asks for its jobs too."""

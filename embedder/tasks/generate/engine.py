@@ -39,7 +39,7 @@ from embedder.core.errors import (
     TaskNotSupported,
 )
 from embedder.core.jobs import ApiShape, Job, JobResult, Timings
-from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait, running, watch
 from embedder.queue import JobPuller, Partial, StreamingPuller
 from embedder.serving import metrics
 from embedder.serving.pulling import IDLE_POLL_S, fail_all, pull_or_pause, settle_departed
@@ -153,6 +153,9 @@ class GenerationEngine(Lifecycle):
 
     def _lend(self, module: torch.nn.Module, args: object) -> None:
         self.turns.lend_point(self._owner, self._deadline)
+
+    def running(self) -> bool:
+        return running(self._task)
 
     async def stop(self) -> None:
         for hook in self._lending:

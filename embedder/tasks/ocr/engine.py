@@ -31,7 +31,7 @@ import embedder.tasks.ocr.recognize as recognize
 from embedder.core.errors import DeadlineExceeded, FlotillaError, InferenceFailed
 from embedder.core.fleet import DeviceKind
 from embedder.core.jobs import Job, JobResult, Timings
-from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
+from embedder.core.lifecycle import Lifecycle, cancel_and_wait, running, watch
 from embedder.queue import JobPuller
 from embedder.serving import metrics
 from embedder.serving.pulling import IDLE_POLL_S, fail_all, pull_or_pause, settle_departed
@@ -96,6 +96,9 @@ class OcrEngine(Lifecycle):
     async def start(self) -> None:
         if self._task is None:
             self._task = watch(asyncio.create_task(self._loop(), name=f"ocr-{self.name}"))
+
+    def running(self) -> bool:
+        return running(self._task)
 
     async def stop(self) -> None:
         task, self._task = self._task, None

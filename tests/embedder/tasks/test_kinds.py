@@ -4,6 +4,7 @@ routes, so a new kind is one folder plus one registry line (the echo kind here).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import httpx
@@ -60,3 +61,26 @@ async def test_a_new_kind_is_one_folder_and_one_registry_line(
     assert answer.status_code == 200, answer.text
     assert answer.json() == {"echo": "AHOY", "model": "parrot"}
     assert [(m["id"], m["task"], m["state"]) for m in models] == [("parrot", "echo", "ready")]
+
+
+async def test_a_model_whose_loop_died_reads_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kind's loop that ends (here cancelled; a bug would end it the same way, logged by
+    its watch) leaves its model failed in /ready, rather than taking requests nobody runs."""
+    monkeypatch.setitem(TASKS, "echo", echo.KIND)
+    fleet = parse_fleet({"models": {"parrot": {"source": {"path": "."}, "task": "echo"}}})
+    queue = InProcessQueue()
+    host = ModelHost(fleet, queue, device="cpu")
+    app = create_app(gateway_config(Settings()), fleet, queue, host)
+    transport = httpx.ASGITransport(app=app)
+    async with host, httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with asyncio.timeout(30):
+            await host.wait_ready()
+        assert (await client.get("/ready")).status_code == 200
+        loop = host.engines["echo"].loops["parrot"]  # type: ignore[attr-defined]
+        loop._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop._task
+        ready = await client.get("/ready")
+        models = (await client.get("/v1/models")).json()["data"]
+    assert ready.status_code == 503 and ready.json()["models"] == {"parrot": "failed"}
+    assert models[0]["state"] == "failed" and "engine stopped" in models[0]["error"]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from embedder.core.fleet import DeviceKind, ModelSpec
 from embedder.core.jobs import JobResult, Timings
-from embedder.core.lifecycle import cancel_and_wait, watch
+from embedder.core.lifecycle import cancel_and_wait, running, watch
 from embedder.queue import JobPuller
 from embedder.serving.per_model import ModelLoop, OneLoopPerModel
 from embedder.serving.pulling import IDLE_POLL_S, pull_or_pause
@@ -42,6 +42,9 @@ class EchoLoop:
 
     async def start(self) -> None:
         self._task = watch(asyncio.create_task(self._loop()))
+
+    def running(self) -> bool:
+        return running(self._task)
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
