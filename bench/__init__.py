@@ -1,3 +1,3 @@
 """Benchmarks: the engine against SentenceTransformer.encode (``python -m bench.engine``)
 and the real server under concurrent clients (``python -m bench.served``), on a
-deterministic corpus of real English text (``bench.texts``). See bench/README.md."""
+deterministic corpus of real English text (``bench.texts``). See docs/benchmarks/."""

@@ -33,7 +33,7 @@ TUNED_FIELDS = (
 )
 DEFAULT_TUNED = Path(__file__).resolve().parent / "tuned.yaml"
 HEADER = (
-    "# Tuned profiles, written by `flotilla tune` (see README, 'Tuning'): per model, per\n"
+    "# Tuned profiles, written by `flotilla tune` (docs/guide/tuning.md): per model, per\n"
     "# device fingerprint, the profile fields it chose and what it measured. A fleet\n"
     "# entry with `dtype: auto` on that device is served with them.\n"
 )

@@ -20,7 +20,8 @@ from gateway.schemas import Bodies
 
 REF = "#/components/schemas/{model}"
 
-# What a route that takes a body can answer besides 200, and when (the README's table).
+# What a route that takes a body can answer besides 200, and when (docs/reference/api.md,
+# 'Errors and limits').
 BODY_ERRORS: dict[int, str] = {
     400: "The model cannot do this route's task (embedding with a reranker), or a prompt "
     "plus max_tokens over a generation model's context window (the message says both).",

@@ -42,7 +42,7 @@ class TrainConfig(BaseModel):
         default=1e-4,
         gt=0,
         description="Peak learning rate (AdamW). 2e-4 at scale 20 fit the training laws "
-        "without gain on held-out ones; 1e-4 at scale 100 lifted them (README).",
+        "without gain on held-out ones; 1e-4 at scale 100 lifted them (docs/results/lora.md).",
     )
     train_warmup_ratio: float = Field(
         default=0.1, ge=0, lt=1, description="Share of steps with a linear warm-up to the peak."
@@ -103,7 +103,7 @@ class TrainConfig(BaseModel):
         description="A candidate scoring above the positive's score less this share of it "
         "is taken for a false negative and dropped; larger drops more, hard negatives "
         "included. e5's cosines sit close together: at 0.05 (NV-Retriever's TopK-PercPos) "
-        "most BGB headings kept none, at 0.01 nearly all kept 3 (README).",
+        "most BGB headings kept none, at 0.01 nearly all kept 3 (docs/results/lora.md).",
     )
     train_negatives_candidates: int = Field(
         default=30,
@@ -118,15 +118,15 @@ class TrainConfig(BaseModel):
         description="The base's dropout on attention weights while training (e5's own "
         "config says 0.1). Above 0 torch's fused attention cannot run: the weights "
         "are materialized and masked. At 0 a batch of 32 x 256 tokens ran forward and "
-        "backward in 3.3 s instead of 13.1 on 2 EPYC cores (README); LoRA's own dropout "
-        "still regularizes.",
+        "backward in 3.3 s instead of 13.1 on 2 EPYC cores (docs/results/lora.md); LoRA's "
+        "own dropout still regularizes.",
     )
     train_activations: Literal["hold", "recompute"] = Field(
         default="hold",
         description="'recompute' is gradient checkpointing: each layer's activations are "
         "recomputed in the backward pass instead of held. The same result at far less "
-        "memory, for about half again the compute at attention dropout 0 (README: 3.4 "
-        "against 6.4 GiB).",
+        "memory, for about half again the compute at attention dropout 0 "
+        "(docs/results/lora.md: 3.4 against 6.4 GiB).",
     )
     train_seed: int = Field(default=0, description="Seeds weights, shuffling and dropout.")
     train_autocast: Literal["auto", "float32", "bfloat16"] = Field(

@@ -106,7 +106,7 @@ def _load(base: BaseModelRef, device: torch.device, attention_dropout: float) ->
     from transformers import AutoConfig
 
     # Dropout on the attention weights keeps torch's fused attention kernel from running:
-    # the weights are materialized and a mask drawn for each (README).
+    # the weights are materialized and a mask drawn for each (docs/results/lora.md).
     config = AutoConfig.from_pretrained(str(base.path))
     config_kwargs = {k: attention_dropout for k in ATTENTION_DROPOUT_KEYS if hasattr(config, k)}
     model = SentenceTransformer(
