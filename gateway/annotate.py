@@ -15,7 +15,8 @@ from embedder.core.errors import TaskNotSupported
 from embedder.core.fleet import Fleet, ModelSpec
 from embedder.core.jobs import Job, split_model
 from embedder.core.rawjson import decode_struct, estimate_tokens
-from embedder.tasks.registry import kind_of, kind_of_shape
+from embedder.tasks.kind import TaskKind
+from embedder.tasks.registry import kind_of
 
 
 class _Routing(msgspec.Struct):
@@ -60,6 +61,7 @@ def default_model(fleet: Fleet, task: str) -> ModelSpec:
 def annotate(
     body: bytes,
     shape: str,
+    kind: TaskKind,
     fleet: Fleet,
     *,
     now: float,
@@ -69,7 +71,6 @@ def annotate(
     adapters: AdapterCatalog | None = None,
 ) -> Job:
     name, adapter = routing_fields(body)
-    kind = kind_of_shape(shape)
     spec = model_for(fleet, name, kind.name, kind.name)
     if adapter is not None:
         (adapters or AdapterCatalog(fleet)).find(spec.name, adapter)  # 404 names the known ones

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.fleet import Fleet
-from embedder.core.jobs import ApiShape, ModelStates, Task
+from embedder.core.jobs import ModelStates, Task
 from embedder.queue import JobSubmitter
 from embedder.tasks.registry import routes
 from gateway import handlers, metrics
@@ -35,9 +35,6 @@ ROUTE_OF_TASK: dict[str, Callable[[str], ShapeRoute | GenerateRoute | OcrRoute]]
     Task.GENERATE.value: GenerateRoute,
     Task.OCR.value: OcrRoute,
 }
-
-
-KNOWN_SHAPES = frozenset(ApiShape)
 
 
 def body_routes() -> dict[str, str]:
@@ -86,7 +83,7 @@ def _add_task_routes(app: FastAPI, gateway: Gateway, docs: ApiDocs) -> None:
         return handle
 
     for path, (kind, shape) in routes().items():
-        documented = DOCUMENTED.get(ApiShape(shape)) if shape in KNOWN_SHAPES else None
+        documented = DOCUMENTED.get(shape)
         app.add_api_route(
             path, handler(kind.name, shape), methods=["POST"], response_class=Response,
             **(docs.route(path, documented) if documented is not None else {}),

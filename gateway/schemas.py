@@ -1,10 +1,10 @@
 """The request bodies as the OpenAPI document describes them, and which route takes which.
 
 Documentation only: the handlers take the raw request and never validate with these
-(the gateway reads only the routing fields; the worker decodes the body with the msgspec
-structs of ``embedder.tasks.embed.bodies``, which a test holds to the same fields). ``DOCUMENTED``
-says what each API shape's route takes and answers; ``gateway.openapi`` puts it in the
-document. What a route answers is in ``gateway.answers``.
+(the gateway reads only the routing fields; the worker decodes the body with its task
+kind's msgspec structs, ``TaskKind.bodies``, which a test holds to the same fields).
+``DOCUMENTED`` says what each API shape's route takes and answers; ``gateway.openapi``
+puts it in the document. What a route answers is in ``gateway.answers``.
 """
 
 from __future__ import annotations
@@ -292,9 +292,10 @@ class Bodies:
     response: object  # a model, or a type such as list[list[float]]
 
 
-# Each API shape's bodies. A route of a new shape adds its entry here and in
-# gateway.app.ROUTES; gateway.openapi documents it from this.
-DOCUMENTED: dict[ApiShape, Bodies] = {
+# Each API shape's bodies, keyed by the shape's name (an ApiShape is a str; a kind's own
+# shape may be a plain one). A kind's route (TaskKind.routes) is documented from its entry
+# here; a route whose shape has none is served undocumented.
+DOCUMENTED: dict[str, Bodies] = {
     ApiShape.OPENAI_EMBEDDINGS: Bodies(OpenAIEmbeddingsRequest, answers.OpenAIEmbeddingsResponse),
     ApiShape.TEI_EMBED: Bodies(TEIEmbedRequest, list[list[float]]),
     ApiShape.TEI_ROOT: Bodies(TEIRootRequest, list[list[float]] | list[float]),

@@ -28,6 +28,7 @@ from embedder.core.fleet import Fleet
 from embedder.core.jobs import Job, JobResult, ModelStates
 from embedder.core.rawjson import check_depth
 from embedder.queue import JobSubmitter
+from embedder.tasks.registry import kind_of_shape
 from gateway import metrics
 from gateway.admission import Admission
 from gateway.annotate import annotate
@@ -68,11 +69,13 @@ class ShapeRoute:
 
     def __init__(self, shape: str) -> None:
         self.shape = shape
+        self.kind = kind_of_shape(shape)  # once, not per request
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         return annotate(
             body,
             self.shape,
+            self.kind,
             gateway.fleet,
             now=now,
             timeout_s=gateway.timeout_s(request),
