@@ -23,7 +23,7 @@ from embedder.core.jobs import ModelState
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue import JobPuller
 from embedder.serving.turns import DeviceTurns
-from embedder.tasks.kind import Engine, EngineContext, Loader
+from embedder.tasks.kind import Engine, EngineContext, Loader, TaskKind
 from embedder.tasks.registry import kind_of
 from embedder.tuned import ProfileChoice, TunedProfiles, profile_for
 
@@ -101,9 +101,13 @@ class ModelHost(Lifecycle):
             and self.untuned == "quick"
             and spec.profile(device).dtype == "auto"
         ):
-            loader = self.loaders.get(spec.task, kind.load)
+            loader = self._loader(kind)
             choice = kind.quick_tune(spec, device, loader, self.threads, choice.fingerprint)
         return choice
+
+    def _loader(self, kind: TaskKind) -> Loader:
+        """The kind's own loader, unless the host was given one for it."""
+        return self.loaders.get(kind.name, kind.load)
 
     async def start(self) -> None:
         if self._task is None:
@@ -146,7 +150,7 @@ class ModelHost(Lifecycle):
             log.info("%s: %s profile: %s", spec.name, choice.source, choice.why)
             spec = choice.apply(spec, device)
             threads = choice.profile.threads or self.threads
-            loader = self.loaders.get(spec.task, kind.load)
+            loader = self._loader(kind)
             runtime = await asyncio.to_thread(loader, spec, device, threads)
         except Exception as exc:  # one bad model must not take the fleet down
             log.exception("model %s failed to load", spec.name)

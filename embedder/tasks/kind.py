@@ -79,10 +79,15 @@ class TaskKind:
     # embedding model's vectors); the kind's own first, the default when a request names
     # no model.
     answered_by: tuple[str, ...] = ()
-    tunable: bool = False  # `flotilla tune` times its models
     # `--untuned quick`: a brief tune at load for a model with no tuned profile
     quick_tune: QuickTune | None = None
 
     @property
     def answering(self) -> tuple[str, ...]:
         return self.answered_by or (self.name,)
+
+    @property
+    def tunable(self) -> bool:
+        """`flotilla tune` times its models: the tuner (embedder.tuning) serves the kinds
+        it has a quick, load-time form for."""
+        return self.quick_tune is not None

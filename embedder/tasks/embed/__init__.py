@@ -56,6 +56,5 @@ KIND = TaskKind(
     load=load,
     engine=ENGINE,
     make_engine=make_engine,
-    tunable=True,
     quick_tune=quick_tune,
 )

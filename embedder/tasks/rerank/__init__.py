@@ -24,6 +24,5 @@ KIND = TaskKind(
     engine=embed.KIND.engine,
     make_engine=embed.make_engine,
     answered_by=("rerank", "embed"),
-    tunable=True,
     quick_tune=embed.quick_tune,
 )
