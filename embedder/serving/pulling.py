@@ -36,10 +36,10 @@ async def pull_or_pause(
 
 
 async def settle_departed(
-    queue: JobPuller, model: str, jobs: Iterable[Job], now: float
+    queue: JobPuller, model: str, jobs: Iterable[Job], now: float, *, while_: str = "it waited"
 ) -> list[Job]:
     """The jobs still worth running: those whose client left are dropped, those past their
-    deadline answered with ``DeadlineExceeded``."""
+    deadline answered with ``DeadlineExceeded`` (saying what they were doing, ``while_``)."""
     jobs = list(jobs)
     gone = queue.cancelled(job.id for job in jobs)
     live: list[Job] = []
@@ -49,7 +49,7 @@ async def settle_departed(
         elif job.deadline <= now:
             metrics.JOBS.labels(model, "expired").inc()
             await queue.complete(
-                job.id, DeadlineExceeded("the request's deadline passed while it waited")
+                job.id, DeadlineExceeded(f"the request's deadline passed while {while_}")
             )
         else:
             live.append(job)

@@ -234,7 +234,8 @@ class GenerationEngine(Lifecycle):
         """Sequences nobody waits for (the client left) or past their deadline stop now."""
         live = self.active
         now = self.clock()
-        still = await settle_departed(self.queue, self.name, (s.job for s in live), now)
+        jobs = (s.job for s in live)
+        still = await settle_departed(self.queue, self.name, jobs, now, while_="generating")
         kept = {job.id for job in still}
         for s in live:
             if s.job.id not in kept:
