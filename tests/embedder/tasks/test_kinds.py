@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -42,13 +43,10 @@ def test_a_field_of_another_kind_is_a_load_error_naming_it(tmp_path: Path) -> No
         load_fleet(fleet)
 
 
-async def test_a_new_kind_is_one_folder_and_one_registry_line(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setitem(TASKS, "echo", echo.KIND)  # the registry line
-    fleet = parse_fleet(
-        {"models": {"parrot": {"source": {"path": "."}, "task": "echo", "shout": True}}}
-    )
+@contextlib.asynccontextmanager
+async def serving_parrot() -> AsyncIterator[tuple[ModelHost, httpx.AsyncClient]]:
+    """The echo kind's model 'parrot' served by a real host and gateway, once loaded."""
+    fleet = parse_fleet({"models": {"parrot": {"source": {"path": "."}, "task": "echo"}}})
     queue = InProcessQueue()
     host = ModelHost(fleet, queue, device="cpu")
     app = create_app(gateway_config(Settings()), fleet, queue, host)
@@ -56,6 +54,14 @@ async def test_a_new_kind_is_one_folder_and_one_registry_line(
     async with host, httpx.AsyncClient(transport=transport, base_url="http://t") as client:
         async with asyncio.timeout(30):
             await host.wait_ready()
+        yield host, client
+
+
+async def test_a_new_kind_is_one_folder_and_one_registry_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(TASKS, "echo", echo.KIND)  # the registry line
+    async with serving_parrot() as (_, client):
         answer = await client.post("/v1/echo", json={"model": "parrot", "text": "ahoy"})
         models = (await client.get("/v1/models")).json()["data"]
     assert answer.status_code == 200, answer.text
@@ -67,14 +73,7 @@ async def test_a_model_whose_loop_died_reads_failed(monkeypatch: pytest.MonkeyPa
     """A kind's loop that ends (here cancelled; a bug would end it the same way, logged by
     its watch) leaves its model failed in /ready, rather than taking requests nobody runs."""
     monkeypatch.setitem(TASKS, "echo", echo.KIND)
-    fleet = parse_fleet({"models": {"parrot": {"source": {"path": "."}, "task": "echo"}}})
-    queue = InProcessQueue()
-    host = ModelHost(fleet, queue, device="cpu")
-    app = create_app(gateway_config(Settings()), fleet, queue, host)
-    transport = httpx.ASGITransport(app=app)
-    async with host, httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        async with asyncio.timeout(30):
-            await host.wait_ready()
+    async with serving_parrot() as (host, client):
         assert (await client.get("/ready")).status_code == 200
         loop = host.engines["echo"].loops["parrot"]  # type: ignore[attr-defined]
         loop._task.cancel()

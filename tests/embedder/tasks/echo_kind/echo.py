@@ -1,6 +1,7 @@
 """A task kind written for the test of the kind seam: ``/v1/echo`` answers each body
-with itself, upper-cased, from a loop that pulls its jobs like every other kind's. It is
-the whole of what a new kind needs: this module (its folder) and one registry line."""
+with itself (upper-cased unless its fleet entry says ``shout: false``), from a loop that
+pulls its jobs like every other kind's. It is the whole of what a new kind needs: this
+module (its folder) and one registry line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from embedder.core.fleet import DeviceKind, ModelSpec
+from embedder.core.fleet import DeviceKind, ModelSpec, entry_as
 from embedder.core.jobs import JobResult, Timings
 from embedder.core.lifecycle import cancel_and_wait, running, watch
 from embedder.queue import JobPuller
@@ -36,7 +37,7 @@ class EchoRuntime:
 
 
 class EchoLoop:
-    def __init__(self, queue: JobPuller, spec: ModelSpec) -> None:
+    def __init__(self, queue: JobPuller, spec: EchoSpec) -> None:
         self.queue, self.spec, self.runtime = queue, spec, EchoRuntime()
         self._task: asyncio.Task[None] | None = None
 
@@ -53,7 +54,8 @@ class EchoLoop:
         while True:
             for job in await pull_or_pause(self.queue, [self.spec.name], 4096, IDLE_POLL_S):
                 text = json.loads(job.body)["text"]
-                body = json.dumps({"echo": text.upper(), "model": job.model}).encode()
+                echoed = text.upper() if self.spec.shout else text
+                body = json.dumps({"echo": echoed, "model": job.model}).encode()
                 timings = Timings(queue_s=time.time() - job.enqueued_at, inference_s=0.0)
                 await self.queue.complete(job.id, JobResult(body, len(text), timings))
 
@@ -64,7 +66,7 @@ def load(spec: ModelSpec, device: DeviceKind, threads: int) -> Any:
 
 def make_engine(context: EngineContext) -> Engine:
     def loop(spec: ModelSpec, runtime: Any) -> ModelLoop:
-        return EchoLoop(context.queue, spec)
+        return EchoLoop(context.queue, entry_as(spec, EchoSpec))
 
     return OneLoopPerModel(loop)
 
