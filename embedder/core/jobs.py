@@ -97,6 +97,10 @@ class Job:
     adapter: str | None = None
     priority: int = 0  # lower runs first among jobs with the same deadline
     task: str = ""  # the task kind that answers it (embedder.tasks.registry)
+    # How many times a queue has handed this job to a worker, this time included. A
+    # worker hands back a job it cannot finish in time only on its first delivery, so a
+    # job no worker can finish in time bounces once, not until its deadline.
+    deliveries: int = 1
 
     @classmethod
     def new(

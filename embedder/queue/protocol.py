@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -60,6 +60,12 @@ class JobPuller(Protocol):
 
     async def complete(self, job_id: str, outcome: Outcome) -> None:
         """Deliver a job's result or error to whoever waits for it."""
+        ...
+
+    async def hand_back(self, jobs: Sequence[Job]) -> None:
+        """Return pulled, unstarted jobs to the queue at once, for whichever worker pulls
+        next (a faster one): the worker cannot finish them in time. Each comes back with
+        ``deliveries`` one higher; a job withdrawn meanwhile is simply dropped."""
         ...
 
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
