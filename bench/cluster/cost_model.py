@@ -11,7 +11,8 @@ runtime (``python -m bench.cluster.calibrate`` writes it to
 
 Without that file the simulation uses ``FALLBACK``: the same fit, measured once
 on the machine named there. ``gpu_like`` scales a fit into GPU-like numbers
-with the fleet's cuda profile; those are HYPOTHETICAL, not measured.
+with the fleet's cuda profile; ``gpu_fixed`` is a GPU whose fixed cost per pass
+dominates at the batch sizes it runs. Both are HYPOTHETICAL, not measured.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ RESULT = "cluster_calibration.json"
 # per-batch cost (Python, kernel launches, copies) kept; the cuda profile's budgets.
 GPU_PER_TOKEN_DIVISOR = 100.0
 GPU_FIXED_FACTOR = 1.0
+# The fixed-cost GPU (HYPOTHETICAL): batches held small enough that one pass's fixed cost
+# is most of its time (8 short requests: about 0.6 ms of tokens against 6.7 ms fixed), so
+# that a host path of ~100 requests/s can feed the cluster at a device scale of ~100.
+GPU_FIXED_BATCH_TOKENS = 512
+GPU_FIXED_BATCH_REQUESTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,4 +144,23 @@ def gpu_like(
         max_wait_s=cuda.max_wait_ms / 1e3,
         forward_tokens=cuda.forward_tokens,
         forward_max_sequences=cuda.forward_max_sequences,
+    )
+
+
+def gpu_fixed(base: CostModel) -> CostModel:
+    """HYPOTHETICAL: a GPU where most of a batch's time is the fixed cost of the pass
+    (launches, copies, Python), as for a small encoder on a real GPU at the batch sizes it
+    sees: ``base``'s per-token cost / ``GPU_PER_TOKEN_DIVISOR``, its fixed cost kept, and
+    a budget of ``GPU_FIXED_BATCH_REQUESTS`` requests."""
+    return replace(
+        base,
+        label=f"gpu-fixed HYPOTHETICAL (fixed cost {1e3 * base.fixed_s:.3g} ms a pass, "
+        f"per-token cost / {GPU_PER_TOKEN_DIVISOR:g}, at most {GPU_FIXED_BATCH_REQUESTS} "
+        f"requests / {GPU_FIXED_BATCH_TOKENS} tokens a batch; from {base.source} cpu fit)",
+        source="hypothetical",
+        per_token_s=base.per_token_s / GPU_PER_TOKEN_DIVISOR,
+        max_batch_tokens=GPU_FIXED_BATCH_TOKENS,
+        max_batch_requests=GPU_FIXED_BATCH_REQUESTS,
+        forward_tokens=GPU_FIXED_BATCH_TOKENS,
+        forward_max_sequences=GPU_FIXED_BATCH_REQUESTS,
     )

@@ -2,9 +2,10 @@
 
 A device profile is ``bench.cluster.cost_model``'s fit of a measured runtime (``cpu``:
 this machine's runtime, ``calibrate``'s result or its fallback; ``gpu-like``: that fit
-scaled, HYPOTHETICAL), times ``scale`` (every device slowed alike, so that the host path
+scaled, HYPOTHETICAL; ``gpu-fixed``: a GPU whose fixed cost per pass dominates, also
+HYPOTHETICAL), times ``scale`` (every device slowed alike, so that the host path
 of a 2-core machine can feed the whole emulated cluster), times each worker's own
-``slowdown`` (heterogeneous devices). A worker reads it from its environment
+``slowdown`` (heterogeneous devices: ``generations``). A worker reads it from its environment
 (``embedder.tasks.embed.runtimes.emulated``: ``FLOTILLA_EMULATED_*``).
 
 Also here: which worker hosts which model (``hosting_map``), the fleet files that say so,
@@ -15,16 +16,25 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.cluster.cost_model import CostModel, gpu_like, load_cost
+from bench.cluster.cost_model import CostModel, gpu_fixed, gpu_like, load_cost
 
-DEVICES = ("cpu", "gpu-like")
+DEVICES = ("gpu-fixed", "cpu", "gpu-like")
+_PROFILES: dict[str, Callable[[CostModel], CostModel]] = {
+    "cpu": lambda base: base,
+    "gpu-like": gpu_like,
+    "gpu-fixed": gpu_fixed,
+}
+# Three device generations in one fleet: (slowdown, share of the workers). A fleet
+# bought over years: half current, the rest one and two generations back.
+GENERATIONS: tuple[tuple[float, float], ...] = ((1.0, 0.5), (2.0, 0.3), (4.0, 0.2))
+_SPREAD = 0.6180339887  # the golden ratio's fraction: a low-discrepancy order of workers
 BUSY_METRIC = "flotilla_inference_seconds_sum"  # time in forward, summed over models
 # A device's batch budget: the fewest tokens at which a forward reaches this share of
 # the device's peak throughput (the tuner's rule: the smallest budget close to the best).
@@ -48,8 +58,7 @@ def device_cost(device: str, scale: float = 1.0) -> CostModel:
     budget tuned to the device (``knee_tokens``, never above the measured profile's)."""
     if device not in DEVICES:
         raise ValueError(f"unknown device profile {device!r}; known: {', '.join(DEVICES)}")
-    base = load_cost()
-    cost = base if device == "cpu" else gpu_like(base)
+    cost = _PROFILES[device](load_cost())
     budget = min(cost.max_batch_tokens, knee_tokens(cost))  # scale cancels out of the knee
     cost = replace(cost, max_batch_tokens=budget, forward_tokens=min(cost.forward_tokens, budget))
     if scale == 1.0:
@@ -93,14 +102,47 @@ def slowdowns(workers: int, slow_share: float = 0.0, factor: float = 3.0) -> lis
     return [1.0] * (workers - slow) + [factor] * slow
 
 
-def hosting_map(workers: int, models: Sequence[str], per_worker: int) -> dict[int, list[str]]:
-    """Which models each worker hosts: ``per_worker`` consecutive models from a start
-    that moves one model per worker, so every model is hosted by about
-    ``workers * per_worker / len(models)`` workers and no two neighbours hold the same set."""
-    if not models or not 1 <= per_worker <= len(models) or workers < 1:
-        raise ValueError("need models, 1 <= per_worker <= len(models) and workers >= 1")
+def generations(workers: int, mix: Sequence[tuple[float, float]] = GENERATIONS) -> list[float]:
+    """Each worker's slowdown, ``mix`` giving (slowdown, share) per generation: counts by
+    largest remainder, spread over the workers (a golden-ratio order) so that no run of
+    neighbours, and so no model of ``hosting_map``, sits on one generation only."""
+    shares = [share for _, share in mix]
+    if workers < 1 or any(s < 0 for s in shares) or not math.isclose(sum(shares), 1.0):
+        raise ValueError("need workers >= 1 and shares that sum to 1")
+    exact = [workers * share for share in shares]
+    counts = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(mix)), key=lambda g: counts[g] - exact[g])
+    for g in by_remainder[: workers - sum(counts)]:
+        counts[g] += 1
+    ordered = [slow for (slow, _), count in zip(mix, counts, strict=True) for _ in range(count)]
+    order = sorted(range(workers), key=lambda w: (w * _SPREAD) % 1.0)
+    out = [1.0] * workers
+    for slot, worker in enumerate(order):
+        out[worker] = ordered[slot]
+    return out
+
+
+def hosting_map(
+    workers: int, models: Sequence[str], per_worker: int | Sequence[int]
+) -> dict[int, list[str]]:
+    """Which models each worker hosts. ``per_worker`` an int: that many consecutive models
+    from a start that moves one model per worker, so every model is hosted by about
+    ``workers * per_worker / len(models)`` workers and no two neighbours hold the same set.
+    A sequence of sizes (cycled over the workers): consecutive models dealt out in turn,
+    so every model is hosted once before any twice (all hosted once the sizes sum to at
+    least ``len(models)``)."""
     n = len(models)
-    return {w: [models[(w + k) % n] for k in range(per_worker)] for w in range(workers)}
+    sizes = [per_worker] if isinstance(per_worker, int) else list(per_worker)
+    if not models or not sizes or not all(1 <= s <= n for s in sizes) or workers < 1:
+        raise ValueError("need models, 1 <= per_worker <= len(models) and workers >= 1")
+    if isinstance(per_worker, int):
+        return {w: [models[(w + k) % n] for k in range(per_worker)] for w in range(workers)}
+    out, start = {}, 0
+    for w in range(workers):
+        size = sizes[w % len(sizes)]
+        out[w] = [models[(start + k) % n] for k in range(size)]
+        start += size
+    return out
 
 
 def hosts_of(hosting: Mapping[int, Sequence[str]]) -> dict[str, list[int]]:

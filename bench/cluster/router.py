@@ -9,13 +9,20 @@ and not yet answered, so queued plus running), polled from its ``/metrics`` ever
 ms and stale in between, the way a load balancer fed by periodic load reports sees
 its backends. ``rr`` reads no view, so the router polls nothing for it.
 
+Several routers in front of the same workers (gateway replicas) are several processes:
+each counts only its own sends (``least+own``) and polls on its own phase (after the
+poll at start, the cadence begins ``--phase-ms`` later, by default drawn by its seed
+within one period), so their views are taken at different instants.
+``--report-delay-ms`` delays applying each poll's snapshot: the view a router places by
+was taken that long ago, as when load reports reach a balancer through a collector.
+
 With a hosting map (``--hosting '{"model": [0, 2], ...}'``: worker indices per model)
 the router reads each request's ``model`` field and the policy chooses among the workers
 that host it only (round-robin keeps one turn per model); a model the map does not name
 goes to any worker.
 
     python -m bench.cluster.router --worker URL --worker URL [--policy least] [--refresh-ms 50]
-        [--hosting JSON] [--port 8090]
+        [--phase-ms MS] [--report-delay-ms 0] [--hosting JSON] [--port 8090]
 """
 
 from __future__ import annotations
@@ -108,6 +115,8 @@ class Router:
         bytes_per_token: float = 4.0,
         seed: int = 0,
         hosting: dict[str, list[int]] | None = None,
+        phase_ms: float | None = None,
+        report_delay_ms: float = 0.0,
     ) -> None:
         if not workers:
             raise ValueError("the router needs at least one worker")
@@ -121,6 +130,11 @@ class Router:
         self.refresh_s = refresh_ms / 1e3
         self.bytes_per_token = bytes_per_token
         self.rng = random.Random(seed)
+        if report_delay_ms < 0 or (phase_ms is not None and phase_ms < 0):
+            raise ValueError("phase_ms and report_delay_ms must not be negative")
+        self.phase_s = self.rng.uniform(0, self.refresh_s) if phase_ms is None else phase_ms / 1e3
+        self.report_delay_s = report_delay_ms / 1e3
+        self._pending: set[asyncio.TimerHandle] = set()  # snapshots not applied yet
         n = len(self.workers)
         self.routing = Routing(n, [0.0] * n, [0] * n)
         self.stats = RouterStats([0] * n, [0] * n)
@@ -154,6 +168,9 @@ class Router:
     async def stop(self) -> None:
         poller, self._poller = self._poller, None
         await cancel_and_wait(poller)
+        for handle in self._pending:
+            handle.cancel()
+        self._pending.clear()
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -162,6 +179,8 @@ class Router:
 
     async def _poll_loop(self) -> None:
         loop = asyncio.get_running_loop()
+        await self._poll()  # the first view at once; then the cadence from its own phase
+        await asyncio.sleep(self.phase_s)
         next_at = loop.time()
         while True:
             await self._poll()
@@ -181,10 +200,24 @@ class Router:
             return
         self.stats.polls += 1
         self.stats.poll_s += time.monotonic() - started
-        # The whole view changes at once: one snapshot, as the simulated router has.
-        self.routing.view = list(loads)
+        if self.report_delay_s <= 0:
+            self._apply(list(loads), marker, started)
+            return
+
+        def apply_late() -> None:
+            self._pending.discard(handle)
+            self._apply(list(loads), marker, started)
+
+        # Equal delays keep the snapshots in the order they were taken.
+        handle = asyncio.get_running_loop().call_later(self.report_delay_s, apply_late)
+        self._pending.add(handle)
+
+    def _apply(self, loads: list[float], marker: list[int], taken: float) -> None:
+        """The whole view changes at once: one snapshot, as the simulated router has; its
+        own sends count from the instant the snapshot was taken."""
+        self.routing.view = loads
         self.routing.sent_since_view = [s - m for s, m in zip(self._sent, marker, strict=True)]
-        self._view_at = started
+        self._view_at = taken
         self._ready.set()
 
     async def _load(self, url: str) -> float:
@@ -259,6 +292,7 @@ def build_app(router: Router) -> web.Application:
     async def stats(_: web.Request) -> web.Response:
         return web.json_response(
             {"policy": router.policy_name, "refresh_ms": 1e3 * router.refresh_s,
+             "phase_ms": 1e3 * router.phase_s, "report_delay_ms": 1e3 * router.report_delay_s,
              "workers": router.workers, **router.stats.as_dict()}
         )  # fmt: skip
 
@@ -281,6 +315,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bytes-per-token", type=float, default=4.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--phase-ms", type=float, default=None,
+        help="the first poll this long after start (default: drawn by --seed within R)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--report-delay-ms", type=float, default=0.0,
+        help="apply each poll's snapshot this long after it was taken (a stale report)",
+    )  # fmt: skip
+    parser.add_argument(
         "--hosting", type=json.loads, default=None,
         help='JSON: the worker indices that host each model, {"model": [0, 2]}',
     )  # fmt: skip
@@ -295,6 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bytes_per_token=args.bytes_per_token,
         seed=args.seed,
         hosting=args.hosting,
+        phase_ms=args.phase_ms,
+        report_delay_ms=args.report_delay_ms,
     )
     web.run_app(build_app(router), host=args.host, port=args.port, print=None, access_log=None)
     return 0

@@ -1,27 +1,33 @@
-"""Push against pull at cluster scale: 16-64 real worker processes on emulated devices.
+"""Push against pull at cluster scale: real worker processes on emulated devices, under
+the conditions of a real fleet.
 
 Every worker is a real flotilla process (``ModelHost`` -> ``Worker``: pull what fits the
-token budget, form the batch, run it) on the emulated device (``embedder.tasks.embed.runtimes.
-emulated``: the real tokenizer, a forward that sleeps for the cost a measured runtime's
-fit gives it, ``bench.cluster.emulation``), one thread each and no torch, so dozens fit
-on a 2-core machine. For each workload (``scale_load``: small requests, heterogeneous
-devices, many models on subsets of the workers, bursts) the same workers and the same
-open-loop requests at the same offered loads go
+token budget, form the batch, run it) on the emulated device (``embedder.tasks.embed.
+runtimes.emulated``: the real tokenizer, a forward that sleeps for the cost a device
+profile gives it, ``bench.cluster.emulation``), one thread each and no torch, so dozens
+fit on a 2-core machine. For each workload (``scale_load``: small requests, three device
+generations, 16 models of shifting popularity on subsets of the workers, sharp bursts;
+every request with a deadline of its latency class) the same workers and the same
+open-loop requests go
 
-- through the pull queue (``--pull``, a stack of ``scale_stacks.PULL_STACKS``), and
-- through the push router (``bench.cluster.router``) under each ``--policies`` policy,
-  counting tokens, with the hosting map where workers host subsets.
+- through the pull queue (``--pull``, a stack of ``scale_stacks.PULL_STACKS``) behind K
+  gateways, and
+- through K independent push routers (``bench.cluster.router``) per ``--policies``
+  policy, each counting its own sends and polling on its own phase, with the hosting map
+  where workers host subsets;
 
-Each run records throughput, latency, errors, every worker's device busy fraction (time
-in forward over wall time, from its /metrics) and the CPU of every host role (client,
-router, gateway, broker, workers' own host work). Offered loads are fractions of the
-cluster's capacity; every device cost is multiplied by ``scale``, chosen so that the
-cluster's capacity is at most ``--max-host-rps`` requests/s: slower devices so that the
-host path of this machine can feed them (the report says whether it stayed under half
-the cores). Tables, JSON and PNG are ``scale_report``'s.
+with K from ``--gateways`` and the requests spread over the K entry points. Each mode
+searches for its highest load within the p99 target by bisection (``scale_search``),
+the modes interleaved run by run (``scale_runs``), over ``--seeds`` seeds. Each run
+records throughput, latency, errors (504s past the deadline included), every worker's
+device busy fraction and the CPU of every host role. Every device cost is multiplied by
+``scale``, chosen so that the cluster's capacity is at most ``--max-host-rps``
+requests/s; the routers' view is stale in device time (``--refresh-ms`` and
+``--report-delay-ms`` times ``scale``), so "R = 50 ms on a real GPU" stays 50 ms of the
+emulated GPU's time. Tables, JSON and PNG are ``scale_report``'s.
 
-    python -m bench.cluster.scale [--quick] [--workers 16] [--device cpu|gpu-like]
-        [--workloads small,hetero,multimodel,bursty] [--loads 0.5,0.7,0.9,1.1]
+    python -m bench.cluster.scale [--quick] [--workers N] [--device gpu-fixed|cpu|gpu-like]
+        [--workloads small,hetero,manymodels,bursty] [--gateways 1,4,8] [--seeds 3]
 """
 
 from __future__ import annotations
@@ -30,61 +36,45 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
+import math
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench import report
 from bench.cluster.cost_model import CostModel
-from bench.cluster.emulation import (
-    DEVICES,
-    Device,
-    busy_fractions,
-    device_cost,
-    forward_seconds,
-    hosting_map,
-    slowdowns,
-)
-from bench.cluster.processes import Child, Children
+from bench.cluster.emulation import DEVICES, Device, device_cost, generations, hosting_map
+from bench.cluster.policies import VIEW_POLICIES
+from bench.cluster.processes import Children
 from bench.cluster.router import POLICIES
-from bench.cluster.scale_load import (
-    MODELS,
-    MODELS_PER_WORKER,
-    SLOW_FACTOR,
-    SLOW_SHARE,
-    WORKLOADS,
-    Requests,
-    build,
-    cluster_rate,
-    open_loop,
-)
-from bench.cluster.scale_report import line, plot, summarize, tables
+from bench.cluster.scale_load import HOSTED_PER_WORKER, WORKLOADS, build, cluster_rate, models_of
+from bench.cluster.scale_report import TARGET_UNITS, plot, summarize, tables
+from bench.cluster.scale_runs import Cluster, Mode, measure_workload
+from bench.cluster.scale_search import HIGH
 from bench.cluster.scale_stacks import (
     PULL_STACKS,
     Devices,
     PullStack,
-    Side,
+    View,
     start_push,
-    start_router,
-    wait_gateway,
-    wait_router,
-    wait_workers,
+    start_routers,
 )
+from bench.cluster.scale_traffic import BURST_OF_TARGET, LATENCY_CLASSES
 
-VIEW = frozenset({"least", "p2c", "least+own"})
-# A run's mode: its name, the router's policy (None: pull) and the view's refresh in ms.
-Mode = tuple[str, str | None, float | None]
+DEFAULT_WORKERS = {"gpu-fixed": 8, "cpu": 16, "gpu-like": 16}
+N_PROBE = 2000  # requests of the probe workload that sizes the scale
 
 
-def devices_for(workload: str, workers: int, cost: Any) -> Devices:
-    slow = slowdowns(workers, SLOW_SHARE.get(workload, 0.0), SLOW_FACTOR)
-    per = MODELS_PER_WORKER.get(workload, len(MODELS))
-    return Devices(workload, [Device(cost, s) for s in slow], hosting_map(workers, MODELS, per))
+def devices_for(workload: str, workers: int, cost: CostModel) -> Devices:
+    """hetero: three device generations; manymodels: each worker a few of the 16 models."""
+    slow = generations(workers) if workload == "hetero" else [1.0] * workers
+    models = models_of(workload)
+    per = HOSTED_PER_WORKER if len(models) > 1 else len(models)
+    return Devices(
+        workload, [Device(cost, s) for s in slow], hosting_map(workers, models, per), models
+    )
 
 
 def choose_scale(args: argparse.Namespace, n: int) -> float:
@@ -93,106 +83,24 @@ def choose_scale(args: argparse.Namespace, n: int) -> float:
     if args.scale:
         return float(args.scale)
     base = device_cost(args.device)
-    probe = build("small", 2000, base, args.seed).workload
+    probe = build("small", N_PROBE, base, args.seed).workload
     return max(1.0, cluster_rate(probe, base, [1.0] * n) / float(args.max_host_rps))
-
-
-async def _scrape(session: aiohttp.ClientSession, side: Side) -> list[float]:
-    async def one(url: str) -> float:
-        async with session.get(url) as response:
-            return forward_seconds(await response.text())
-
-    return list(await asyncio.gather(*(one(u) for u in side.metrics_urls)))
-
-
-def _cpu(roles: dict[str, list[int]]) -> dict[str, float]:
-    return {role: sum(report.process_cpu_s(p) for p in pids) for role, pids in roles.items()}
-
-
-async def run_one(
-    session: aiohttp.ClientSession,
-    url: str,
-    side: Side,
-    roles: dict[str, list[int]],
-    requests: Requests,
-    rate: float,
-    args: argparse.Namespace,
-    offset: int,
-) -> dict[str, Any]:
-    before, cpu0, t0 = await _scrape(session, side), _cpu(roles), time.perf_counter()
-    meter = report.CpuMeter([p for pids in roles.values() for p in pids])
-    result = await open_loop(session, url, requests, rate, args.duration_s, offset)
-    wall = time.perf_counter() - t0
-    after, cpu1 = await _scrape(session, side), _cpu(roles)
-    result["busy"] = busy_fractions(before, after, wall)
-    result["cores"] = {r: (cpu1[r] - cpu0[r]) / wall for r in roles}
-    result["machine"] = meter.result()
-    return result
-
-
-async def run_side(
-    children: Children,
-    side: Side,
-    devices: Devices,
-    requests: Requests,
-    modes: list[Mode],
-    rates: dict[float, float],
-    args: argparse.Namespace,
-    is_push: bool,
-) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = []
-    timeout = aiohttp.ClientTimeout(total=args.request_timeout_s + 10)
-    async with aiohttp.ClientSession(
-        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
-    ) as session:
-        took = await wait_workers(session, children, side, args.ready_timeout_s)
-        if not is_push:
-            await wait_gateway(session, children, side, devices, args.ready_timeout_s)
-        print(f"  {len(side.workers)} workers ready in {took:.1f} s")
-        for name, policy, refresh in modes:
-            router: Child | None = None
-            url, roles = side.url, {"client": [os.getpid()], **side.roles}
-            if policy is not None:
-                router = start_router(children, side, devices, policy, refresh, args.seed)
-                await wait_router(session, children, router)
-                url, roles["router"] = router.url, [router.pid]
-            for i, (load, rate) in enumerate(rates.items()):
-                await open_loop(session, f"{url}/v1/embeddings", requests, rate, 0.5, 50_000)
-                run = await run_one(
-                    session,
-                    f"{url}/v1/embeddings",
-                    side,
-                    roles,
-                    requests,
-                    rate,
-                    args,
-                    offset=i * 1009,
-                )
-                children.check()
-                run.update(
-                    workload=requests.name,
-                    mode=name,
-                    policy=policy,
-                    refresh_ms=refresh,
-                    load=load,
-                    rate=rate,
-                )
-                runs.append(run)
-                print(line(run), flush=True)
-            if router is not None:
-                router.stop()
-    return runs
 
 
 def push_modes(args: argparse.Namespace) -> list[Mode]:
     """Every push policy; one whose router reads the workers' load once per refresh."""
     modes: list[Mode] = []
     for policy in args.policies:
-        if policy in VIEW:
-            modes += [(f"push {policy} R={r:g}ms", policy, r) for r in args.refresh_ms]
+        if policy in VIEW_POLICIES:
+            modes += [Mode(f"push {policy} R={r:g}ms", policy, r) for r in args.refresh_ms]
         else:
-            modes.append((f"push {policy}", policy, None))
+            modes.append(Mode(f"push {policy}", policy))
     return modes
+
+
+def default_target_ms(cost: CostModel, mean_tokens: float) -> float:
+    """TARGET_UNITS times one mean request alone on a full-speed device (wall time)."""
+    return TARGET_UNITS * 1e3 * (cost.fixed_s + cost.per_token_s * mean_tokens)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -202,13 +110,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     spec = load_fleet().get("all-minilm-l6-v2")
     scale = choose_scale(args, args.workers)
     cost = device_cost(args.device, scale)
+    probe = build("small", N_PROBE, cost, args.seed)
+    target_ms = args.p99_ms or default_target_ms(cost, sum(probe.tokens) / len(probe.tokens))
+    longest_s = max(c.of_target for c in LATENCY_CLASSES) * target_ms / 1e3
+    args.request_timeout_s = max(args.request_timeout_s, 1.5 * longest_s)
     out_dir = args.out_dir or report.results_dir()
     logs = out_dir / f"{args.out}-logs"
     logs.mkdir(parents=True, exist_ok=True)
     for old in [*logs.glob("*.log"), *logs.glob("*.yaml")]:
         old.unlink()
     stack = PULL_STACKS[args.pull]()
+    machine = report.machine(1)
+    print(f"host: {machine['cpu']}, {machine['cores']} cores")
     print(f"{args.workers} workers a side, device {cost.label}; pull through {stack.name}")
+    print(
+        f"p99 target {target_ms:,.0f} ms; view R {args.refresh_ms} ms device time = "
+        f"{[round(r * scale) for r in args.refresh_ms]} ms wall"
+    )
     runs: list[dict[str, Any]] = []
     workload_info: dict[str, Any] = {}
     env = {"HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
@@ -217,12 +135,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stack_ctx.callback(stack.stop)
         children = stack_ctx.enter_context(Children(logs, env))
         for name in args.workloads:
-            info, workload_runs = run_workload(name, args, children, stack, spec, cost, data_dir)
+            info, workload_runs = run_workload(
+                name, args, children, stack, spec, cost, data_dir, target_ms
+            )
             workload_info[name] = info
             runs += workload_runs
     return {
         "benchmark": "cluster_scale",
-        "machine": report.machine(1),
+        "machine": machine,
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "device": {
             "label": cost.label,
@@ -230,11 +150,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "scale": scale,
             "fixed_ms": 1e3 * cost.fixed_s,
             "us_per_token": 1e6 * cost.per_token_s,
+            "refresh_ms_device": args.refresh_ms,
+            "refresh_ms_wall": [r * scale for r in args.refresh_ms],
+            "report_delay_ms_device": args.report_delay_ms,
+            "report_delay_ms_wall": args.report_delay_ms * scale,
         },
+        "latency_classes": [vars(c) for c in LATENCY_CLASSES],
         "pull_stack": stack.name,
         "workloads": workload_info,
         "runs": runs,
         "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def workload_info(
+    name: str, args: argparse.Namespace, cost: CostModel, devices: Devices, target_ms: float
+) -> dict[str, Any]:
+    """What the workload and its devices are; its requests for every seed."""
+    slow = [d.slowdown for d in devices.devices]
+    probe = build("small", N_PROBE, cost, args.seed)
+    full = cluster_rate(probe.workload, cost, slow)
+    mean_tokens = sum(probe.tokens) / len(probe.tokens)
+    return {
+        "capacity_rps": full,
+        "slowdowns": slow,
+        "models": list(devices.models),
+        "hosting": devices.hosting,
+        "mean_tokens": mean_tokens,
+        # One mean request alone on a full-speed device: the latency unit.
+        "single_request_s": cost.fixed_s + cost.per_token_s * mean_tokens,
+        "p99_target_ms": target_ms,
+        "shift_s": args.shift_s if name == "manymodels" else None,
+        "burst_s": BURST_OF_TARGET * target_ms / 1e3 if name == "bursty" else None,
+        # Enough requests for the highest load the bisection can try, bursts included.
+        "n_requests": math.ceil(1.2 * HIGH * full * (args.duration_s + 1)) + 100,
     }
 
 
@@ -246,27 +195,28 @@ def run_workload(
     spec: Any,
     cost: CostModel,
     data_dir: Path,
+    target_ms: float,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One workload on a fresh push side, then on a fresh pull side: what the workload
-    and its devices are, and every run's result."""
+    """One workload with both sides up at once: what it is, and every run's result."""
     devices = devices_for(name, args.workers, cost)
-    requests = build(name, args.n_requests, cost, args.seed)
-    full = cluster_rate(requests.workload, cost, [d.slowdown for d in devices.devices])
-    rates = {load: load * full for load in args.loads}
-    info: dict[str, Any] = {
-        "capacity_rps": full,
-        "slowdowns": [d.slowdown for d in devices.devices],
-        "hosting": devices.hosting,
-        "mean_tokens": sum(requests.tokens) / len(requests.tokens),
-        # One mean request alone on a full-speed device: the latency unit.
-        "single_request_s": cost.fixed_s
-        + cost.per_token_s * sum(requests.tokens) / len(requests.tokens),
-    }
+    info = workload_info(name, args, cost, devices, target_ms)
+    requests = [
+        build(
+            name,
+            info["n_requests"],
+            cost,
+            args.seed + i,
+            shift_s=args.shift_s,
+            burst_s=info["burst_s"] or 0.0,
+        )
+        for i in range(args.seeds)
+    ]
     print(
-        f"\n{name}: cluster capacity {full:,.0f} req/s; loads "
-        f"{', '.join(f'{r:,.0f}' for r in rates.values())} req/s"
+        f"\n{name}: cluster capacity {info['capacity_rps']:,.1f} req/s; "
+        f"{len(devices.models)} models",
+        flush=True,
     )
-    sides: list[tuple[bool, list[Mode]]] = [(True, push_modes(args))]
+    modes = push_modes(args)
     if devices.subsets and not stack.serves_subsets:
         info["pull"] = (
             f"not run: the {stack.name} queue cannot pull by model (every worker "
@@ -274,19 +224,42 @@ def run_workload(
         )
         print(f"  pull skipped: {info['pull']}")
     else:
-        sides.append((False, [(f"pull ({stack.name})", None, None)]))
-    runs: list[dict[str, Any]] = []
-    for is_push, modes in sides:
-        side = (
-            start_push(args, children, spec, devices, data_dir)
-            if is_push
-            else stack.start(args, children, spec, devices)
+        modes.append(Mode(f"pull ({stack.name})"))
+    push = start_push(args, children, spec, devices, data_dir)
+    pull = (
+        None if "pull" in info else stack.start(args, children, spec, devices, max(args.gateways))
+    )
+    scale = cost.scale
+    routers = {
+        m.name: start_routers(
+            children,
+            push,
+            devices,
+            m.policy,
+            _view(m, args, scale),
+            max(args.gateways),
+            args.seed,
         )
-        runs += asyncio.run(
-            run_side(children, side, devices, requests, modes, rates, args, is_push)
-        )
-        side.stop()
-    return info, runs
+        for m in modes
+        if m.policy is not None
+    }
+    cluster = Cluster(children, devices, push, pull, routers, info["capacity_rps"], target_ms, args)
+    try:
+        info["searches"] = asyncio.run(measure_workload(cluster, modes, requests))
+    finally:
+        for child in [r for rs in routers.values() for r in rs]:
+            child.stop()
+        for side in (push, pull):
+            if side is not None:
+                side.stop()
+    return info, cluster.runs
+
+
+def _view(mode: Mode, args: argparse.Namespace, scale: float) -> View | None:
+    """The mode's view in wall time: device time times the devices' scale."""
+    if mode.refresh_ms is None:
+        return None
+    return View(mode.refresh_ms * scale, args.report_delay_ms * scale)
 
 
 def _floats(value: str) -> list[float]:
@@ -306,28 +279,37 @@ def _names(allowed: Sequence[str]) -> Any:
     return parse
 
 
+def _ints(value: str) -> list[int]:
+    values = [int(v) for v in value.split(",") if v.strip()]
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError("give positive integers, comma-separated")
+    return values
+
+
 QUICK = {
-    "workers": 16,
-    "duration_s": 3.0,
-    "loads": [0.8],
+    "duration_s": 6.0,
+    "steps": 2,
+    "seeds": 1,
+    "gateways": [1],
     "policies": ["rr", "least+own"],
-    "refresh_ms": [50.0],
-    "n_requests": 4000,
+    "workloads": ["hetero", "manymodels"],
+    "shift_s": 2.0,
 }
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.cluster.scale",
-        description="Push against pull with 16-64 real worker processes on emulated devices.",
+def _add_device_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes a side (default: 8 on gpu-fixed, else 16)",
     )
-    p.add_argument("--quick", action="store_true", help="a smoke run of about 3 minutes")
-    p.add_argument("--workers", type=int, default=16, help="worker processes a side (16)")
     p.add_argument(
         "--device",
         choices=DEVICES,
-        default="cpu",
-        help="cpu: this machine's measured fit; gpu-like: scaled, HYPOTHETICAL",
+        default="gpu-fixed",
+        help="gpu-fixed: a GPU whose fixed cost per pass dominates; cpu: this machine's "
+        "measured fit; gpu-like: that fit scaled (both gpu profiles HYPOTHETICAL)",
     )
     p.add_argument(
         "--scale",
@@ -342,27 +324,63 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the cluster's capacity in small requests/s that the devices are "
         "slowed to: what this machine's host path carries in under half its cores",
     )
+
+
+def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", type=_names(WORKLOADS), default=list(WORKLOADS))
-    p.add_argument("--policies", type=_names(list(POLICIES)), default=list(POLICIES))
-    p.add_argument("--refresh-ms", type=_floats, default=[50.0], help="R of the view (50)")
+    p.add_argument("--policies", type=_names(list(POLICIES)), default=["rr", "least", "least+own"])
     p.add_argument(
-        "--loads",
-        type=_floats,
-        default=[0.5, 0.7, 0.9, 1.1],
-        help="offered loads, fractions of the cluster's capacity",
+        "--gateways",
+        type=_ints,
+        default=[1],
+        help="K: gateways (pull) and routers per push mode; a list runs each (1)",
     )
-    p.add_argument("--duration-s", type=float, default=10.0, help="per run (10)")
+    p.add_argument(
+        "--refresh-ms",
+        type=_floats,
+        default=[50.0],
+        help="R of the routers' view, in device time (50)",
+    )
+    p.add_argument(
+        "--report-delay-ms",
+        type=float,
+        default=0.0,
+        help="the view is this old when a router applies it, in device time (0)",
+    )
+    p.add_argument("--duration-s", type=float, default=60.0, help="per run (60)")
+    p.add_argument("--seeds", type=int, default=3, help="request sequences per load (3)")
+    p.add_argument("--steps", type=int, default=5, help="bisection steps per mode (5)")
+    p.add_argument(
+        "--shift-s",
+        type=float,
+        default=15.0,
+        help="manymodels: the popularity ranking rotates this often (15 s)",
+    )
     p.add_argument(
         "--p99-ms",
         type=float,
         default=None,
-        help=("the p99 target; default 10x one mean request alone on a full-speed device"),
+        help="the p99 target in wall ms; default 10x one mean request alone on a full-speed device",
     )
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.cluster.scale",
+        description="Push against pull with real worker processes on emulated devices.",
+    )
+    p.add_argument("--quick", action="store_true", help="a smoke run of a few minutes")
+    _add_device_args(p)
+    _add_run_args(p)
     p.add_argument("--pull", choices=sorted(PULL_STACKS), default="jetstream")
     p.add_argument("--nats", default=None, help="an existing nats-server; else one is started")
-    p.add_argument("--n-requests", type=int, default=20000)
     p.add_argument("--seed", type=int, default=20261129)
-    p.add_argument("--request-timeout-s", type=float, default=30.0)
+    p.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=30.0,
+        help="the processes' deadline; raised to 1.5x the longest class's",
+    )
     p.add_argument("--ready-timeout-s", type=float, default=240.0)
     p.add_argument("--summarize", type=Path, default=None, metavar="JSON")
     p.add_argument("--out", default="cluster_scale")
@@ -372,8 +390,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         for key, value in QUICK.items():
             if getattr(args, key) == p.get_default(key):
                 setattr(args, key, value)
+    args.workers = args.workers or DEFAULT_WORKERS[args.device]
     if not 1 <= args.workers <= 64:
         p.error("--workers must be in 1..64")
+    if args.seeds < 1 or args.steps < 1 or args.report_delay_ms < 0:
+        p.error("--seeds and --steps must be at least 1, --report-delay-ms not negative")
     return args
 
 

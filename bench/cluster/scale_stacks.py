@@ -6,10 +6,12 @@ env) and the models it hosts (its fleet file). Each side starts its workers for 
 ``Devices`` and stops them when the workloads on it are done:
 
 - push: N ``flotilla serve`` processes (gateway, in-process queue and worker in each),
-  and per policy a ``bench.cluster.router`` process with the hosting map;
+  and per push mode K ``bench.cluster.router`` processes with the hosting map, each on
+  its own seed (its own polling phase);
 - pull: a ``PullStack``, chosen by name from ``PULL_STACKS``. ``JetStreamStack``: a
-  nats-server (started once), ``flotilla gateway --nats`` and N ``flotilla worker
-  --nats`` on a fresh stream, each worker pulling only the models it hosts. Another
+  nats-server (started once), K ``flotilla gateway --nats`` (each its own reply subject)
+  and N ``flotilla worker --nats`` on a fresh stream, each worker pulling only the models
+  it hosts, every gateway's fleet naming every model. Another
   queue substrate is one more class with ``start`` and ``stop`` (its gateway and worker
   commands) and one more entry in ``PULL_STACKS``; ``serves_subsets`` says whether its
   workers can pull only the models they host (a partitioned queue cannot: every member
@@ -29,7 +31,6 @@ import aiohttp
 
 from bench.cluster.emulation import Device, fleet_file
 from bench.cluster.processes import Child, Children, wait_until
-from bench.cluster.scale_load import MODELS
 from bench.load import HOST, free_port
 
 UNLIMITED_TOKENS = 10_000_000  # admission control stays out of the comparison
@@ -42,17 +43,19 @@ class Devices:
     name: str
     devices: list[Device]
     hosting: dict[int, list[str]]
+    models: tuple[str, ...]  # the whole fleet's
 
     @property
     def subsets(self) -> bool:
-        return any(len(models) < len(MODELS) for models in self.hosting.values())
+        return any(len(models) < len(self.models) for models in self.hosting.values())
 
 
 @dataclass
 class Side:
-    """One side's running processes: where requests go, the workers' /metrics."""
+    """One side's running processes: where requests go (K gateways; push: none, its
+    routers are per mode), the workers' /metrics."""
 
-    url: str
+    urls: list[str]
     workers: list[Child]
     roles: dict[str, list[int]]  # pids per role, for CPU accounting
     extra: list[Child] = field(default_factory=list)  # its other processes (a gateway)
@@ -114,34 +117,58 @@ def start_push(
         workers.append(
             children.start(f"push-{devices.name}-{i}", "flotilla", flags, port, device.env())
         )
-    return Side("", workers, {"workers": [w.pid for w in workers]})
+    return Side([], workers, {"workers": [w.pid for w in workers]})
 
 
-def start_router(
+@dataclass(frozen=True)
+class View:
+    """How a push router sees the workers, in wall time (device time x the scale)."""
+
+    refresh_ms: float
+    report_delay_ms: float = 0.0
+
+
+def start_routers(
     children: Children,
     side: Side,
     devices: Devices,
     policy: str,
-    refresh_ms: float | None,
+    view: View | None,
+    count: int,
     seed: int,
-) -> Child:
+) -> list[Child]:
+    """``count`` independent routers for one push mode: each counts its own sends and,
+    seeded apart, polls on its own phase."""
     import json
 
     from bench.cluster.emulation import hosts_of
 
-    port = free_port()
-    flags = [
-        "--port",
-        str(port),
-        "--policy",
-        policy,
-        "--seed",
-        str(seed),
-        *(["--refresh-ms", str(refresh_ms)] if refresh_ms else []),
-        *(["--hosting", json.dumps(hosts_of(devices.hosting))] if devices.subsets else []),
-        *(f"--worker={w.url}" for w in side.workers),
-    ]
-    return children.start(f"router-{devices.name}-{policy}", "bench.cluster.router", flags, port)
+    routers = []
+    for k in range(count):
+        port = free_port()
+        flags = [
+            "--port",
+            str(port),
+            "--policy",
+            policy,
+            "--seed",
+            str(seed + 7919 * k),
+            *(
+                [
+                    "--refresh-ms",
+                    f"{view.refresh_ms:g}",
+                    "--report-delay-ms",
+                    f"{view.report_delay_ms:g}",
+                ]
+                if view
+                else []
+            ),
+            *(["--hosting", json.dumps(hosts_of(devices.hosting))] if devices.subsets else []),
+            *(f"--worker={w.url}" for w in side.workers),
+        ]
+        name = f"router-{devices.name}-{policy}-{len(children.started)}-{k}"
+        routers.append(children.start(name, "bench.cluster.router", flags, port))
+    return routers
 
 
 class PullStack(Protocol):
@@ -149,7 +176,12 @@ class PullStack(Protocol):
     serves_subsets: bool
 
     def start(
-        self, args: argparse.Namespace, children: Children, spec: Any, devices: Devices
+        self,
+        args: argparse.Namespace,
+        children: Children,
+        spec: Any,
+        devices: Devices,
+        gateways: int,
     ) -> Side: ...
 
     def stop(self) -> None: ...
@@ -181,7 +213,12 @@ class JetStreamStack:
         print(f"  nats-server up at {self.url}")
 
     def start(
-        self, args: argparse.Namespace, children: Children, spec: Any, devices: Devices
+        self,
+        args: argparse.Namespace,
+        children: Children,
+        spec: Any,
+        devices: Devices,
+        gateways: int,
     ) -> Side:
         self._ensure_server(args)
         stream = f"BENCH_{uuid.uuid4().hex[:8].upper()}"
@@ -196,10 +233,38 @@ class JetStreamStack:
             "--nats-storage",
             "memory",  # the comparison is of queues, not of disks
         ]
-        port = free_port()
-        gateway_fleet = fleet_file(
-            spec, list(MODELS), children.logs / "fleet-gateway.yaml", devices.devices[0].cost
+        fleet = fleet_file(
+            spec,
+            list(devices.models),
+            children.logs / "fleet-gateway.yaml",
+            devices.devices[0].cost,
         )
+        entry = [
+            self._gateway(args, children, fleet, nats, devices.name, k) for k in range(gateways)
+        ]
+        workers = []
+        for i, (device, fleet) in enumerate(zip(devices.devices, fleets, strict=True)):
+            port = free_port()  # the worker's own /metrics
+            flags = ["worker", *nats, "--worker-port", str(port), *_common(args, fleet)]
+            workers.append(
+                children.start(f"pull-{devices.name}-{i}", "flotilla", flags, port, device.env())
+            )
+        roles = {"workers": [w.pid for w in workers], "gateway": [g.pid for g in entry]}
+        if self.server_pid is not None:
+            roles["broker"] = [self.server_pid]
+        return Side([g.url for g in entry], workers, roles, entry)
+
+    @staticmethod
+    def _gateway(
+        args: argparse.Namespace,
+        children: Children,
+        fleet: Path,
+        nats: list[str],
+        name: str,
+        k: int,
+    ) -> Child:
+        """Gateway ``k``: its own port and its own reply subject (``--gateway-id``)."""
+        port = free_port()
         flags = [
             "gateway",
             *nats,
@@ -208,21 +273,10 @@ class JetStreamStack:
             "--port",
             str(port),
             "--gateway-id",
-            "bench",
-            *_common(args, gateway_fleet),
+            f"bench-{k}",
+            *_common(args, fleet),
         ]
-        gateway = children.start(f"pull-gateway-{devices.name}", "flotilla", flags, port)
-        workers = []
-        for i, (device, fleet) in enumerate(zip(devices.devices, fleets, strict=True)):
-            port = free_port()  # the worker's own /metrics
-            flags = ["worker", *nats, "--worker-port", str(port), *_common(args, fleet)]
-            workers.append(
-                children.start(f"pull-{devices.name}-{i}", "flotilla", flags, port, device.env())
-            )
-        roles = {"workers": [w.pid for w in workers], "gateway": [gateway.pid]}
-        if self.server_pid is not None:
-            roles["broker"] = [self.server_pid]
-        return Side(gateway.url, workers, roles, [gateway])
+        return children.start(f"pull-gateway-{name}-{k}", "flotilla", flags, port)
 
     def stop(self) -> None:
         server, self._server = self._server, None
@@ -256,11 +310,11 @@ async def wait_gateway(
     devices: Devices,
     timeout_s: float,
 ) -> float:
-    """Until the pull gateway sees, for every model, each worker that hosts it."""
-    hosts = {m: sum(m in names for names in devices.hosting.values()) for m in MODELS}
+    """Until every pull gateway sees, for every model, each worker that hosts it."""
+    hosts = {m: sum(m in names for names in devices.hosting.values()) for m in devices.models}
 
-    async def ready() -> bool:
-        async with session.get(f"{side.url}/v1/models") as response:
+    async def one(url: str) -> bool:
+        async with session.get(f"{url}/v1/models") as response:
             data = (await response.json())["data"]
         by_name = {m["id"]: m for m in data}
         return all(
@@ -268,12 +322,20 @@ async def wait_gateway(
             for m, count in hosts.items()
         )
 
-    return await wait_until(ready, children, "the pull gateway", timeout_s)
-
-
-async def wait_router(session: aiohttp.ClientSession, children: Children, router: Child) -> None:
     async def ready() -> bool:
-        async with session.get(f"{router.url}/router/ready") as response:
-            return response.status == 200
+        return all([await one(url) for url in side.urls])
 
-    await wait_until(ready, children, "the router", 30)
+    return await wait_until(ready, children, "the pull gateways", timeout_s)
+
+
+async def wait_routers(
+    session: aiohttp.ClientSession, children: Children, routers: list[Child], timeout_s: float
+) -> None:
+    async def ready() -> bool:
+        for router in routers:
+            async with session.get(f"{router.url}/router/ready") as response:
+                if response.status != 200:
+                    return False
+        return True
+
+    await wait_until(ready, children, "the routers", timeout_s)

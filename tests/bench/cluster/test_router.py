@@ -202,3 +202,33 @@ async def test_a_fresh_view_follows_the_load(
 
 def test_every_policy_is_registered() -> None:
     assert set(POLICIES) == {"rr", "least", "p2c", "least+own"}
+
+
+def test_each_router_polls_on_its_own_phase_within_one_period() -> None:
+    urls = ["http://w0", "http://w1"]
+    phases = {Router(urls, "least", 1000, seed=s).phase_s for s in range(8)}
+    assert len(phases) == 8 and all(0 <= p < 1.0 for p in phases)
+    assert (
+        Router(urls, "least", 1000, seed=3).phase_s == Router(urls, "least", 1000, seed=3).phase_s
+    )
+    assert Router(urls, "least", 1000, phase_ms=250).phase_s == 0.25
+    with pytest.raises(ValueError):
+        Router(urls, "least", 1000, report_delay_ms=-1)
+
+
+async def test_a_report_delay_keeps_the_router_on_the_old_view_that_long(
+    workers: tuple[list[FakeWorker], list[str]],
+) -> None:
+    fakes, urls = workers
+    fakes[0].load, fakes[1].load = 100.0, 5_000.0
+    router = Router(urls, "least", refresh_ms=10, phase_ms=0, report_delay_ms=400)
+    async with routed(router) as send:
+        assert set(await send(2)) == {"w0"}
+        fakes[0].load, fakes[1].load = 5_000.0, 100.0
+        polls = router.stats.polls
+        async with asyncio.timeout(5):  # polls that saw the change are in, not yet applied
+            while router.stats.polls < polls + 3:  # noqa: ASYNC110 - a counter
+                await asyncio.sleep(0.005)
+        assert set(await send(2)) == {"w0"}
+        await asyncio.sleep(0.6)  # past the delay: the new view is applied
+        assert set(await send(2)) == {"w1"}
