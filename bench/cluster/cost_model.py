@@ -32,7 +32,7 @@ GPU_PER_TOKEN_DIVISOR = 100.0
 GPU_FIXED_FACTOR = 1.0
 # The fixed-cost GPU (HYPOTHETICAL): batches held small enough that one pass's fixed cost
 # is most of its time (8 short requests: about 0.6 ms of tokens against 6.7 ms fixed), so
-# that a host path of ~100 requests/s can feed the cluster at a device scale of ~100.
+# that a 2-core host path can feed 8 such workers at a device scale of ~50.
 GPU_FIXED_BATCH_TOKENS = 512
 GPU_FIXED_BATCH_REQUESTS = 8
 

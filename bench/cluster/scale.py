@@ -320,7 +320,7 @@ def _add_device_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-host-rps",
         type=float,
-        default=80.0,
+        default=160.0,
         help="the cluster's capacity in small requests/s that the devices are "
         "slowed to: what this machine's host path carries in under half its cores",
     )

@@ -172,6 +172,7 @@ def cluster_rate(workload: Workload, cost: CostModel, slowdowns: Sequence[float]
 @dataclass
 class Outcome:
     latency_s: list[float] = field(default_factory=list)
+    classes: list[int] = field(default_factory=list)  # each answered request's class
     tokens: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     # Per latency class: requests sent and answered 504 (past their deadline).
@@ -206,6 +207,7 @@ async def _one(
             out.late_by_class[send.latency_class] += 1
         return
     out.latency_s.append(now - due)
+    out.classes.append(send.latency_class)
     out.tokens += int(json.loads(data)["usage"]["prompt_tokens"])
     out.last_done = max(out.last_done, now)
 
@@ -248,9 +250,19 @@ def summarize(out: Outcome, sent: int, span_s: float) -> dict[str, Any]:
                 traffic.LATENCY_CLASSES, out.sent_by_class, out.late_by_class, strict=True
             )
         },
+        "p99_ms_by_class": _p99_by_class(out),
         "tokens": out.tokens,
         "tokens_per_s": out.tokens / served_s,
         "requests_per_s": len(out.latency_s) / served_s,
         "latency_ms": {q: float(np.percentile(lat, int(q[1:]))) for q in ("p50", "p90", "p99")},
         "served_s": served_s,
+    }
+
+
+def _p99_by_class(out: Outcome) -> dict[str, float | None]:
+    """Each latency class's p99 over its answered requests (None: none answered)."""
+    lat, classes = np.asarray(out.latency_s) * 1e3, np.asarray(out.classes)
+    return {
+        c.name: float(np.percentile(lat[classes == i], 99)) if np.any(classes == i) else None
+        for i, c in enumerate(traffic.LATENCY_CLASSES)
     }

@@ -33,7 +33,7 @@ def line(run: dict[str, Any]) -> str:
         f"  {run['workload']:<10} K={run.get('gateways', 1):<2} {run['mode']:<26} "
         f"load {run['load']:.2f} {run['tokens_per_s']:>8,.0f} tok/s  p99 {lat['p99']:>7,.0f} ms"
         f"  busy {100 * mean_busy:>3.0f}%  errors {run['sent'] - run['ok']}/{run['sent']}  "
-        f"host {host_cores(run):.2f} cores"
+        f"host {host_cores(run):.2f} cores  {run.get('wall_s', 0):.0f} s"
     )
 
 

@@ -121,6 +121,7 @@ async def measure(
         load=load,
         rate=rate,
         seed=requests.seed,
+        wall_s=wall,
         busy=busy_fractions(before, after, wall),
         cores={r: (cpu1[r] - cpu0[r]) / wall for r in roles},
         machine=meter.result(),

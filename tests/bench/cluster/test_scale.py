@@ -31,6 +31,7 @@ from bench.cluster.scale import devices_for, parse_args
 from bench.cluster.scale_load import MANY_MODELS, build, cluster_rate, text_of
 from bench.cluster.scale_runs import Mode, rotated
 from bench.cluster.scale_search import Bisection, meets_target
+from bench.services.nats import NatsServer
 
 
 def test_three_device_generations_by_share_spread_over_the_workers() -> None:
@@ -307,3 +308,26 @@ def test_the_chart_is_drawn_per_workload_and_k(tmp_path: Path) -> None:
     data["summary"] = scale_report.summarize(data)
     scale_report.plot(data, tmp_path / "chart.png")
     assert (tmp_path / "chart.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_tiny_run_at_scale_serves_both_ways_through_two_entry_points(
+    nats_server: NatsServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.cluster import scale
+
+    argv = [
+        "--nats", nats_server.url, "--workers", "2", "--workloads", "hetero",
+        "--gateways", "2", "--policies", "rr,least+own", "--duration-s", "2",
+        "--steps", "1", "--seeds", "1", "--out-dir", str(tmp_path),
+    ]  # fmt: skip
+    assert scale.main(argv) == 0
+    assert "pull / best push" in capsys.readouterr().out
+    data = json.loads((tmp_path / "cluster_scale.json").read_text())
+    assert (tmp_path / "cluster_scale.png").stat().st_size > 0
+    runs = data["runs"]
+    assert {r["mode"] for r in runs} == {"pull (jetstream)", "push rr", "push least+own R=50ms"}
+    for run in runs:
+        assert run["gateways"] == 2 and run["ok"] > 0, run
+        assert run["load"] == pytest.approx(0.8) and len(run["busy"]) == 2
+    assert data["summary"]["hetero"]["by_gateways"]["2"]["modes"]
