@@ -93,15 +93,6 @@ class Device:
         return self.slowdown * self.cost.batch_s(lengths)
 
 
-def slowdowns(workers: int, slow_share: float = 0.0, factor: float = 3.0) -> list[float]:
-    """Each worker's slowdown: the last ``round(slow_share * workers)`` run ``factor``
-    times slower (old devices), the others at 1."""
-    if not 0.0 <= slow_share <= 1.0 or factor <= 0:
-        raise ValueError("slow_share must be in [0, 1] and factor positive")
-    slow = round(slow_share * workers)
-    return [1.0] * (workers - slow) + [factor] * slow
-
-
 def generations(workers: int, mix: Sequence[tuple[float, float]] = GENERATIONS) -> list[float]:
     """Each worker's slowdown, ``mix`` giving (slowdown, share) per generation: counts by
     largest remainder, spread over the workers (a golden-ratio order) so that no run of

@@ -50,7 +50,7 @@ from bench.cluster.policies import VIEW_POLICIES
 from bench.cluster.processes import Children
 from bench.cluster.router import POLICIES
 from bench.cluster.scale_load import HOSTED_PER_WORKER, WORKLOADS, build, cluster_rate, models_of
-from bench.cluster.scale_report import TARGET_UNITS, plot, summarize, tables
+from bench.cluster.scale_report import TARGET_UNITS, beside_simulated, plot, summarize, tables
 from bench.cluster.scale_runs import Cluster, Mode, measure_workload
 from bench.cluster.scale_search import HIGH
 from bench.cluster.scale_stacks import (
@@ -166,7 +166,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def workload_info(
     name: str, args: argparse.Namespace, cost: CostModel, devices: Devices, target_ms: float
 ) -> dict[str, Any]:
-    """What the workload and its devices are; its requests for every seed."""
+    """What the workload and its devices are: capacity, devices, hosting, the latency unit
+    (the lists a simulation of the same fleet takes: slowdowns, hosting)."""
     slow = [d.slowdown for d in devices.devices]
     probe = build("small", N_PROBE, cost, args.seed)
     full = cluster_rate(probe.workload, cost, slow)
@@ -247,7 +248,10 @@ def run_workload(
     try:
         info["searches"] = asyncio.run(measure_workload(cluster, modes, requests))
     finally:
-        for child in [r for rs in routers.values() for r in rs]:
+        every = [r for rs in routers.values() for r in rs]
+        for child in every:
+            child.proc.terminate()  # all at once: each takes its grace period in parallel
+        for child in every:
             child.stop()
         for side in (push, pull):
             if side is not None:
@@ -383,6 +387,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--ready-timeout-s", type=float, default=240.0)
     p.add_argument("--summarize", type=Path, default=None, metavar="JSON")
+    p.add_argument(
+        "--simulated",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help='the simulation\'s ideal pull per workload, {"hetero": {"max_load": 0.9}}, '
+        "printed beside the measured pull",
+    )
     p.add_argument("--out", default="cluster_scale")
     p.add_argument("--out-dir", type=Path, default=None)
     args = p.parse_args(argv)
@@ -407,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     data["summary"] = summarize(data, args.p99_ms)
     print()
     print(tables(data))
+    if args.simulated is not None:
+        simulated = json.loads(args.simulated.read_text(encoding="utf-8"))
+        print("\n" + beside_simulated(data["summary"], simulated))
     out_dir = args.out_dir or report.results_dir()
     path = out_dir / f"{args.out}.json"
     path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")

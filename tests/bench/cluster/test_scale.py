@@ -310,6 +310,24 @@ def test_the_chart_is_drawn_per_workload_and_k(tmp_path: Path) -> None:
     assert (tmp_path / "chart.png").stat().st_size > 0
 
 
+def test_a_saved_run_is_summarized_again_beside_the_simulation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.cluster import scale
+
+    saved = {
+        "device": {"scale": 1.0, "label": "cpu"},
+        "workloads": {"hetero": {"single_request_s": 0.1, "p99_target_ms": 1000.0}},
+        "runs": [_run("hetero", "pull (jetstream)", 0.8, 1000, 800, k=4)],
+    }
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    (tmp_path / "sim.json").write_text(json.dumps({"hetero": {"max_load": 0.95}}))
+    argv = ["--summarize", str(tmp_path / "saved.json"), "--simulated", str(tmp_path / "sim.json"),
+            "--out-dir", str(tmp_path)]  # fmt: skip
+    assert scale.main(argv) == 0
+    assert "hetero     K=4   real  0.80   simulated 0.95" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_a_tiny_run_at_scale_serves_both_ways_through_two_entry_points(
     nats_server: NatsServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
