@@ -89,13 +89,15 @@ def test_a_device_batches_up_to_where_its_fixed_cost_is_amortized() -> None:
 def test_the_emulated_fleet_carries_the_devices_limits_in_its_time(tmp_path: Path) -> None:
     import yaml
 
+    from embedder.core.fleet import entry_as
+    from embedder.tasks.embed.spec import EncoderSpec
     from embedder.tasks.fleet import load_fleet
 
     cost = device_cost("cpu", 4.0)
-    spec = load_fleet().get("all-minilm-l6-v2")
+    spec = entry_as(load_fleet().get("all-minilm-l6-v2"), EncoderSpec)
     path = fleet_file(spec, ["m0", "m1"], tmp_path / "fleet.yaml", cost)
     fleet = load_fleet(path)
-    cpu = fleet.get("m1").profile("cpu")
+    cpu = entry_as(fleet.get("m1"), EncoderSpec).profile("cpu")
     assert (cpu.runtime, cpu.max_batch_tokens, cpu.forward_tokens) == (
         "emulated",
         cost.max_batch_tokens,
