@@ -1,0 +1,172 @@
+"""The simulated fleet: how fast each worker's device is, which models it hosts, and
+the token budget it forms its batches to.
+
+A ``Fleet`` is what ``bench.cluster.engine`` needs per worker; ``make_fleet`` builds it
+from plain lists (the same ones the real benchmark passes to its emulated workers:
+``bench.cluster.emulation``'s slowdowns and hosting map, models as indices). The
+helpers name the uneven fleets the study runs: device generations (``gens3``: a third
+of the workers each at 1x, 2x and 4x) and models hosted a few per worker, more
+replicas for the more popular ones (``popular_hosting``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from bench.cluster.cost_model import CostModel
+
+# Which workers size their batch by their own pace: none, pull's only (the ideal pull:
+# in a shared queue a smaller batch leaves work to a faster device), or every worker
+# (push's too: the rule lives in the worker, whoever fills its queue).
+PACES = ("off", "pull", "all")
+# Share of the latency target a paced batch may take: the rest is left for the wait in
+# the queue and for the max_wait window.
+PACE_SHARE = 0.5
+# Named slowdown profiles: the factors, each given to an equal share of the workers.
+PROFILES: dict[str, tuple[float, ...]] = {"gens3": (1.0, 2.0, 4.0)}
+Hosting = Mapping[int, Sequence[int]] | Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    slowdowns: tuple[float, ...]  # a worker's batch costs this times the cost model's
+    hosted: tuple[tuple[int, ...], ...]  # per worker, the models it hosts, ascending
+    budgets: tuple[int, ...]  # per worker, the tokens its batch holds at most
+    pace: str  # which workers' budgets follow their pace (PACES)
+
+    @property
+    def workers(self) -> int:
+        return len(self.slowdowns)
+
+    @property
+    def speed(self) -> float:
+        """The fleet's capacity in workers of speed 1."""
+        return sum(1.0 / s for s in self.slowdowns)
+
+    def hosts(self, n_models: int) -> list[list[int]]:
+        """Per model, the workers that host it."""
+        out: list[list[int]] = [[] for _ in range(n_models)]
+        for w, models in enumerate(self.hosted):
+            for m in models:
+                out[m].append(w)
+        return out
+
+    def hosts_all(self, n_models: int) -> bool:
+        return all(len(models) == n_models for models in self.hosted)
+
+
+def paced_budget(cost: CostModel, slowdown: float, target_s: float, share: float) -> int:
+    """The most tokens ``t`` with ``slowdown * (fixed + per_token * t) <= share * target``,
+    within [1, max_batch_tokens]: a batch this device finishes in its share of the target.
+    At 1 the batch is one request (a request over the budget runs alone)."""
+    room = share * target_s / slowdown - cost.fixed_s
+    tokens = math.floor(room / cost.per_token_s) if room > 0 else 1
+    return max(1, min(cost.max_batch_tokens, tokens))
+
+
+def make_fleet(
+    workers: int,
+    n_models: int,
+    cost: CostModel,
+    policy: str,
+    *,
+    slowdowns: Sequence[float] | None = None,
+    hosting: Hosting | None = None,
+    pace: str | None = None,
+    pace_share: float = PACE_SHARE,
+    target_s: float | None = None,
+) -> Fleet:
+    """The fleet of ``workers``: by default every device at 1 and every model everywhere.
+    ``pace`` None: ``pull`` when the slowdowns differ and ``target_s`` is known, else off."""
+    slow = tuple(float(s) for s in slowdowns) if slowdowns is not None else (1.0,) * workers
+    if len(slow) != workers or min(slow) <= 0:
+        raise ValueError(f"need {workers} positive slowdowns, got {list(slow)}")
+    hosted = _hosted(workers, n_models, hosting)
+    if pace is None:
+        pace = "pull" if len(set(slow)) > 1 and target_s is not None else "off"
+    if pace not in PACES:
+        raise ValueError(f"unknown pace {pace!r}; known: {', '.join(PACES)}")
+    paced = pace == "all" or (pace == "pull" and policy == "pull")
+    if paced and target_s is None:
+        raise ValueError("a paced budget needs a latency target (p99_target_s)")
+    budgets = tuple(
+        paced_budget(cost, s, target_s, pace_share)
+        if paced and target_s is not None
+        else cost.max_batch_tokens
+        for s in slow
+    )
+    return Fleet(slow, hosted, budgets, pace)
+
+
+def _hosted(workers: int, n_models: int, hosting: Hosting | None) -> tuple[tuple[int, ...], ...]:
+    if hosting is None:
+        return (tuple(range(n_models)),) * workers
+    rows = hosting.items() if isinstance(hosting, Mapping) else enumerate(hosting)
+    by_worker = {int(w): tuple(sorted({int(m) for m in models})) for w, models in rows}
+    hosted = tuple(by_worker.get(w, ()) for w in range(workers))
+    if set(by_worker) - set(range(workers)):
+        raise ValueError(f"hosting names workers outside 0..{workers - 1}")
+    named = {m for models in hosted for m in models}
+    if named != set(range(n_models)):
+        raise ValueError(
+            f"every model 0..{n_models - 1} needs a host, and no other: hosted {sorted(named)}"
+        )
+    return hosted
+
+
+def profile_slowdowns(workers: int, spec: str) -> list[float]:
+    """Each worker's slowdown from a profile name (``PROFILES``) or factors ``1,2,4``: each
+    factor to an equal share of the workers, in order (the remainder to the first)."""
+    factors = PROFILES.get(spec) or tuple(float(x) for x in spec.split(","))
+    if not factors or min(factors) <= 0:
+        raise ValueError(f"slowdowns {spec!r}: a profile ({', '.join(PROFILES)}) or factors")
+    counts = [workers // len(factors)] * len(factors)
+    for k in range(workers - sum(counts)):
+        counts[k] += 1
+    return [f for f, c in zip(factors, counts, strict=True) for _ in range(c)]
+
+
+def per_worker_counts(workers: int, spec: str) -> list[int]:
+    """Models per worker from ``3`` (each) or ``2-4`` (2, 3, 4, 2, ... in turn)."""
+    low, _, high = spec.partition("-")
+    a, b = int(low), int(high or low)
+    if not 1 <= a <= b:
+        raise ValueError(f"models per worker {spec!r}: N or LOW-HIGH with 1 <= LOW <= HIGH")
+    return [a + w % (b - a + 1) for w in range(workers)]
+
+
+def popular_hosting(shares: Sequence[float], counts: Sequence[int]) -> list[list[int]]:
+    """Which models each worker hosts, worker w holding ``counts[w]`` distinct models:
+    replicas in proportion to each model's share of the requests (at least one each,
+    at most one per worker), so that no model's hosts are overrun before the fleet is.
+    The replicas are dealt out most popular first, each to the emptiest worker with room
+    that lacks the model."""
+    n, slots = len(shares), sum(counts)
+    if n > slots or max(counts) > n:
+        raise ValueError(f"{n} models need at least {n} slots and at most {n} per worker")
+    total = sum(shares)
+    replicas = [1] * n
+    for _ in range(slots - n):  # each further slot to the model with most load per replica
+        m = max((k for k in range(n) if replicas[k] < len(counts)),
+                key=lambda k: shares[k] / total / replicas[k])  # fmt: skip
+        replicas[m] += 1
+    hosted: list[list[int]] = [[] for _ in counts]
+    for m in sorted(range(n), key=lambda k: -replicas[k]):
+        for _ in range(replicas[m]):
+            free = [
+                w for w in range(len(counts)) if len(hosted[w]) < counts[w] and m not in hosted[w]
+            ]
+            if not free:
+                raise ValueError("the hosting does not fit: fewer models per worker, or more")
+            w = max(free, key=lambda x: (counts[x] - len(hosted[x]), -x))
+            hosted[w].append(m)
+    return [sorted(h) for h in hosted]
+
+
+def zipf_shares(n: int, exponent: float = 1.0) -> list[float]:
+    """Popularity of ``n`` models, the k-th in proportion to 1 / k^exponent."""
+    weights = [1.0 / (k + 1) ** exponent for k in range(n)]
+    total = sum(weights)
+    return [x / total for x in weights]
