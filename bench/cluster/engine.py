@@ -50,12 +50,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.cluster.cost_model import CostModel, padded_tokens
+from bench.cluster.deadlines import fill_in_time
 from bench.cluster.fleet import PACE_SHARE, Fleet, Hosting, make_fleet
 from bench.cluster.policies import POLICIES, VIEW_POLICIES, SimRouter
 from bench.cluster.workloads import SEED, Capacity, Workload, capacity, fill
 
 WARMUP = 0.1  # share of the requests, the first to arrive, left out of the statistics
-DONE, TIMER, REFRESH = 0, 1, 2
+DONE, TIMER, REFRESH, WAKE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,7 @@ def simulate(
     pace: str | None = None,
     pace_share: float = PACE_SHARE,
     latency_target_s: float | None = None,
+    deadlines: Sequence[float] | None = None,
 ) -> SimResult:
     """Run every request of ``workload`` at ``load`` through ``workers`` workers.
 
@@ -115,6 +117,8 @@ def simulate(
     all share the snapshot.
     ``slowdowns``, ``hosting``, ``pace``, ``pace_share``: the fleet (``fleet.make_fleet``),
     ``latency_target_s`` the target a paced budget is a share of (default the p99 target).
+    ``deadlines``: per request, the seconds it may take from arrival; a slow pull worker
+    leaves a request it would finish late to a faster host (``deadlines.fill_in_time``).
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
@@ -146,6 +150,8 @@ def simulate(
         by_tokens=load_metric == "tokens",
         log=log,
     )
+    if deadlines is not None and policy == "pull":
+        run.keep_deadlines(deadlines)
     run.play()
     return run.result(load)
 
@@ -209,6 +215,20 @@ class _Run:
         self.busy_s = 0.0
         self.batches = self.batch_requests = self.batch_tokens = 0
         self.aborted = False
+        self.deadline_at: list[float] = []  # keep_deadlines: each request's, absolute
+        self.wakes: set[float] = set()  # instants a WAKE event is pending for
+
+    def keep_deadlines(self, allowance_s: Sequence[float]) -> None:
+        """Pull: a slow worker leaves what it would finish late to a faster host."""
+        if len(allowance_s) != len(self.times):
+            raise ValueError(f"need a deadline per request ({len(self.times)})")
+        self.deadline_at = [t + a for t, a in zip(self.times, allowance_s, strict=True)]
+        self.free_at = [0.0] * self.workers  # when each worker's running batch ends
+        self.alike = False  # workers of different speeds take differently
+
+    def batch_run_s(self, tokens: int) -> float:
+        """A batch of ``tokens`` at speed 1, padding left out (the deadlines' estimate)."""
+        return self.cost.fixed_s + self.cost.per_token_s * tokens
 
     def flushable(self, s: int, w: int, t: float) -> bool:
         """Whether worker ``w`` has a batch due in set ``s``: a group of its models is full
@@ -224,11 +244,17 @@ class _Run:
     def arm(self, s: int, t: float, models: Iterable[int] | None = None) -> None:
         """A timer for when set ``s``'s oldest request (of ``models``, default all) will
         have waited max_wait."""
-        qs = self.queues[s]
-        heads = [qs[m][0] for m in (range(self.n_models) if models is None else models) if qs[m]]
-        if not heads:
+        qs, times, max_wait = self.queues[s], self.times, self.max_wait
+        # Only what is still to come: a group due now that a worker left (deadlines) waits
+        # for a wake-up, a finished batch or an arrival instead.
+        dues = [
+            times[qs[m][0]] + max_wait
+            for m in (range(self.n_models) if models is None else models)
+            if qs[m] and times[qs[m][0]] + max_wait > t
+        ]
+        if not dues:
             return
-        due = min(self.times[i] for i in heads) + self.max_wait
+        due = min(dues)
         if due < self.timer_at[s] or self.timer_at[s] <= t:
             self.timer_at[s] = due
             self.push_event(due, TIMER, s)
@@ -237,15 +263,20 @@ class _Run:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, x))
 
-    def start(self, w: int, s: int, t: float) -> None:
+    def start(self, w: int, s: int, t: float) -> bool:
         """Worker ``w`` starts a batch from set ``s``: its most urgent model's group, to
-        its budget, at its speed."""
+        its budget, at its speed; False when it takes nothing (deadlines left it all)."""
         qs, times, cost = self.queues[s], self.times, self.cost
-        group = -1
-        for m in self.hosted[w]:
-            if qs[m] and (group < 0 or times[qs[m][0]] < times[qs[group][0]]):
-                group = m
-        chosen, total = fill(qs[group], self.tokens, self.budgets[w], self.max_requests)
+        if self.deadline_at:
+            group, chosen, total = self.pick_in_time(w, t)
+            if not chosen:
+                return False
+        else:
+            group = -1
+            for m in self.hosted[w]:
+                if qs[m] and (group < 0 or times[qs[m][0]] < times[qs[group][0]]):
+                    group = m
+            chosen, total = fill(qs[group], self.tokens, self.budgets[w], self.max_requests)
         self.queued_tokens[s][group] -= total
         self.pending[s] -= len(chosen)
         flat = [k for i in chosen for k in self.lengths[i]]
@@ -262,9 +293,37 @@ class _Run:
         if self.over > self.allowed_over:
             self.aborted = True
         self.busy[w] = True
+        if self.deadline_at:
+            self.free_at[w] = end
         self.running[w] = total if self.by_tokens else len(chosen)
         self.push_event(end, DONE, w)
         self.count(BatchLog(w, t, end, group, tuple(chosen)), total)
+        return True
+
+    def pick_in_time(self, w: int, t: float) -> tuple[int, list[int], int]:
+        """The shared queue's batch for ``w`` under deadlines: its groups most urgent first,
+        the first of which it may take something from; a wake-up for what it left."""
+        qs, times, free_at, slowdowns = self.queues[0], self.times, self.free_at, self.slowdowns
+        slow = slowdowns[w]
+        groups = sorted((times[qs[m][0]], m) for m in self.hosted[w] if qs[m])
+        for _, m in groups:
+            chosen, total, wake = fill_in_time(
+                qs[m],
+                self.tokens,
+                self.budgets[w],
+                self.max_requests,
+                t=t,
+                deadline_at=self.deadline_at,
+                run_s=self.batch_run_s,
+                slow=self.slowdowns[w],
+                faster=[(free_at[h], slowdowns[h]) for h in self.hosts[m] if slowdowns[h] < slow],
+            )
+            if wake < math.inf and wake not in self.wakes:
+                self.wakes.add(wake)
+                self.push_event(wake, WAKE, 0)
+            if chosen:
+                return m, chosen, total
+        return -1, [], 0
 
     def count(self, batch: BatchLog, tokens: int) -> None:
         """The batch's share of the measured span's busy time and batch sizes."""
@@ -292,9 +351,8 @@ class _Run:
         for w in list(idle):
             if not pending[0]:
                 return
-            if self.flushable(0, w, t):
+            if self.flushable(0, w, t) and self.start(w, 0, t):
                 idle.remove(w)
-                self.start(w, 0, t)
         if idle and pending[0]:  # the next due of a model some free worker hosts
             self.arm(0, t, {m for w in idle for m in self.hosted[w]})
 
@@ -366,6 +424,10 @@ class _Run:
                     self.on_done(x, t)
                 elif kind == TIMER:
                     self.on_timer(x, t)
+                elif kind == WAKE:
+                    self.wakes.discard(t)
+                    if self.idle and self.pending[0]:
+                        self.serve_pull(t)
                 else:
                     self.on_refresh(t, next_arrival < n)
                 continue

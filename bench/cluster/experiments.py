@@ -155,7 +155,8 @@ class Plan:
         counts = per_worker_counts(workers, self.models_per_worker)
         seen = np.bincount(workload.models, minlength=workload.n_models)
         counts = [min(c, workload.n_models) for c in counts]
-        return slow, popular_hosting((seen / seen.sum()).tolist(), counts)
+        speeds = None if slow is None else [1.0 / x for x in slow]
+        return slow, popular_hosting((seen / seen.sum()).tolist(), counts, speeds)
 
     def target_s(self, target: float, cap: Capacity) -> float:
         return target * cap.batch_s if self.target_unit == "batches" else target / 1e3

@@ -137,31 +137,34 @@ def per_worker_counts(workers: int, spec: str) -> list[int]:
     return [a + w % (b - a + 1) for w in range(workers)]
 
 
-def popular_hosting(shares: Sequence[float], counts: Sequence[int]) -> list[list[int]]:
-    """Which models each worker hosts, worker w holding ``counts[w]`` distinct models:
-    replicas in proportion to each model's share of the requests (at least one each,
-    at most one per worker), so that no model's hosts are overrun before the fleet is.
-    The replicas are dealt out most popular first, each to the emptiest worker with room
-    that lacks the model."""
-    n, slots = len(shares), sum(counts)
-    if n > slots or max(counts) > n:
-        raise ValueError(f"{n} models need at least {n} slots and at most {n} per worker")
-    total = sum(shares)
-    replicas = [1] * n
-    for _ in range(slots - n):  # each further slot to the model with most load per replica
-        m = max((k for k in range(n) if replicas[k] < len(counts)),
-                key=lambda k: shares[k] / total / replicas[k])  # fmt: skip
-        replicas[m] += 1
+def popular_hosting(
+    shares: Sequence[float], counts: Sequence[int], speeds: Sequence[float] | None = None
+) -> list[list[int]]:
+    """Which models each worker hosts, worker w holding ``counts[w]`` distinct models, so
+    that each model's hosts can give it capacity in proportion to its share of the
+    requests: a worker of speed ``speeds[w]`` (1 / slowdown; default 1) is counted as
+    ``speed / count`` per model it hosts, and its slots, the largest first, each go to the
+    model still furthest below its due. The last slots go to models with no host yet, so
+    that every model has one."""
+    n, workers = len(shares), len(counts)
+    speeds = list(speeds) if speeds is not None else [1.0] * workers
+    if n > sum(counts) or max(counts) > n or len(speeds) != workers:
+        raise ValueError(f"{n} models need at least {n} slots, at most {n} per worker, and "
+                         "a speed per worker")  # fmt: skip
+    due = [x / sum(shares) * sum(speeds) for x in shares]
+    got = [0.0] * n
     hosted: list[list[int]] = [[] for _ in counts]
-    for m in sorted(range(n), key=lambda k: -replicas[k]):
-        for _ in range(replicas[m]):
-            free = [
-                w for w in range(len(counts)) if len(hosted[w]) < counts[w] and m not in hosted[w]
-            ]
-            if not free:
-                raise ValueError("the hosting does not fit: fewer models per worker, or more")
-            w = max(free, key=lambda x: (counts[x] - len(hosted[x]), -x))
-            hosted[w].append(m)
+    # The largest slots first; a worker's first slot before anyone's second among equals.
+    slots = sorted((-speeds[w] / counts[w], k, w) for w in range(workers) for k in range(counts[w]))
+    for used, (minus_size, _, w) in enumerate(slots):
+        unhosted = [m for m in range(n) if not got[m]]
+        must = len(unhosted) >= len(slots) - used  # no slot to spare: a model with no host
+        candidates = [m for m in (unhosted if must else range(n)) if m not in hosted[w]]
+        if not candidates:
+            raise ValueError("the hosting does not fit: fewer models per worker, or more")
+        m = max(candidates, key=lambda k: (due[k] - got[k], -k))
+        hosted[w].append(m)
+        got[m] -= minus_size  # the slot's size, negated to sort the largest first
     return [sorted(h) for h in hosted]
 
 

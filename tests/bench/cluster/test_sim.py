@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import math
 import random
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 
 import pytest
 
 from bench.cluster.calibrate import fit_line
 from bench.cluster.cost_model import CostModel, padded_tokens
+from bench.cluster.deadlines import fill_in_time
 from bench.cluster.engine import BatchLog, SimResult, simulate
 from bench.cluster.experiments import ideal_max_load, max_load, with_models
 from bench.cluster.fleet import (
@@ -332,13 +334,20 @@ def test_uneven_fleet_helpers() -> None:
     assert profile_slowdowns(4, "1,3") == [1.0, 1.0, 3.0, 3.0]
     assert per_worker_counts(5, "2-4") == [2, 3, 4, 2, 3]
     shares = zipf_shares(16)
-    counts = per_worker_counts(12, "2-4")
-    hosting = popular_hosting(shares, counts)
-    assert [len(h) for h in hosting] == counts
-    assert all(len(set(h)) == len(h) for h in hosting)
-    replicas = Counter(m for h in hosting for m in h)
-    assert set(replicas) == set(range(16))
-    assert replicas[0] >= replicas[3] >= replicas[15] >= 1
+    for slow in ([1.0] * 12, profile_slowdowns(12, "gens3")):
+        counts = per_worker_counts(12, "2-4")
+        speeds = [1 / s for s in slow]
+        hosting = popular_hosting(shares, counts, speeds)
+        assert [len(h) for h in hosting] == counts
+        assert all(len(set(h)) == len(h) for h in hosting)
+        # Each model's hosts (a worker's speed split over its models) near its due share.
+        capacity_of: dict[int, float] = {}
+        for w, models in enumerate(hosting):
+            for m in models:
+                capacity_of[m] = capacity_of.get(m, 0.0) + speeds[w] / counts[w]
+        assert set(capacity_of) == set(range(16))
+        due = [x * sum(speeds) for x in shares]
+        assert all(0.6 < capacity_of[m] / due[m] < 1.5 for m in range(16))
     with pytest.raises(ValueError, match="needs a host"):
         simulate(make_workload("multimodel", 500, COST), COST, workers=2, policy="pull",
                  load=0.5, hosting=[[0, 1], [1, 2]])  # fmt: skip
@@ -370,3 +379,47 @@ def test_cli_runs_an_uneven_fleet_with_several_routers(
     }
     assert next(r for r in data["max_load"] if r["policy"] == "pull")["pace"] == "pull"
     assert "pull/least (4 routers)" in capsys.readouterr().out
+
+
+def test_a_slow_worker_leaves_to_a_faster_host_what_it_would_finish_late() -> None:
+    queue = deque([0, 1, 2, 3, 4])
+    tokens = [100] * 5
+    deadline_at = [0.5, 2.0, 5.0, 2.0, 9.0]
+
+    def take(faster: list[tuple[float, float]]) -> tuple[list[int], int, float]:
+        q = deque(queue)
+        chosen, total, wake = fill_in_time(
+            q, tokens, 400, 64, t=0.0, deadline_at=deadline_at, run_s=lambda k: k / 400,
+            slow=4.0, faster=faster,
+        )  # fmt: skip
+        assert sorted([*q, *chosen]) == list(queue) and list(q) == sorted(q)
+        return chosen, total, wake
+
+    # The batch of 0-3 runs 1 s at speed 1: 4 s on this worker. 1 and 3 (due at 2 s) a
+    # free host at 1 could still finish; 0 (due at 0.5 s) nobody can, 2 this worker can.
+    chosen, total, wake = take([(0.0, 1.0), (0.0, 4.0)])
+    assert (chosen, total) == ([0, 2], 200)
+    assert wake == pytest.approx(1.0) and wake > 1.0  # past 2 - 1 x 1 s, anyone's
+    assert take([]) == ([0, 1, 2, 3], 400, math.inf)  # no faster host: it takes them all
+    assert take([(1.5, 1.0)]) == ([0, 1, 2, 3], 400, math.inf)  # it is busy too long
+
+
+def test_deadlines_leave_the_slow_device_less_and_fewer_requests_late(small: Workload) -> None:
+    # At a moderate load, where the fast devices have room: near their capacity, what
+    # the slow one leaves them queues behind their own work (a known limit of the rule).
+    slow = [1.0, 1.0, 1.0, 4.0]
+    target = 2 * capacity(small, COST).batch_s
+    allowance = 0.4 * target
+    times = small.arrivals(0.6 * 3.25 * capacity(small, COST).requests_per_s)
+
+    def run(deadlines: list[float] | None) -> tuple[int, int]:
+        log: list[BatchLog] = []
+        simulate(small, COST, workers=4, policy="pull", load=0.6, slowdowns=slow,
+                 latency_target_s=target, deadlines=deadlines, log=log)  # fmt: skip
+        assert Counter(i for b in log for i in b.requests) == Counter(range(len(small)))
+        late = sum(b.end - times[i] > allowance for b in log for i in b.requests)
+        return late, sum(len(b.requests) for b in log if b.worker == 3)
+
+    (late, on_slow), (late_kept, on_slow_kept) = run(None), run([allowance] * len(small))
+    assert late_kept < 0.8 * late
+    assert on_slow_kept < on_slow
