@@ -116,6 +116,13 @@ def _hosted(workers: int, n_models: int, hosting: Hosting | None) -> tuple[tuple
     return hosted
 
 
+def hosting_indices(hosting: Mapping[int, Sequence[str]], names: Sequence[str]) -> list[list[int]]:
+    """A hosting map by model name (``emulation.hosting_map``'s) as the simulation takes
+    it: per worker, the indices in ``names`` (the workload's model k is ``names[k]``)."""
+    index = {name: k for k, name in enumerate(names)}
+    return [[index[name] for name in hosting.get(w, ())] for w in range(max(hosting) + 1)]
+
+
 def profile_slowdowns(workers: int, spec: str) -> list[float]:
     """Each worker's slowdown from a profile name (``PROFILES``) or factors ``1,2,4``: each
     factor to an equal share of the workers, in order (the remainder to the first)."""

@@ -13,9 +13,11 @@ import pytest
 from bench.cluster.calibrate import fit_line
 from bench.cluster.cost_model import CostModel, padded_tokens
 from bench.cluster.deadlines import fill_in_time
+from bench.cluster.emulation import hosting_map
 from bench.cluster.engine import BatchLog, SimResult, simulate
 from bench.cluster.experiments import ideal_max_load, max_load, with_models
 from bench.cluster.fleet import (
+    hosting_indices,
     paced_budget,
     per_worker_counts,
     popular_hosting,
@@ -348,6 +350,9 @@ def test_uneven_fleet_helpers() -> None:
         assert set(capacity_of) == set(range(16))
         due = [x * sum(speeds) for x in shares]
         assert all(0.6 < capacity_of[m] / due[m] < 1.5 for m in range(16))
+    names = [f"m{k}" for k in range(16)]
+    by_name = hosting_map(8, names, 3)
+    assert hosting_indices(by_name, names) == [[(w + k) % 16 for k in range(3)] for w in range(8)]
     with pytest.raises(ValueError, match="needs a host"):
         simulate(make_workload("multimodel", 500, COST), COST, workers=2, policy="pull",
                  load=0.5, hosting=[[0, 1], [1, 2]])  # fmt: skip
