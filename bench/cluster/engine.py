@@ -19,14 +19,18 @@ the cost model's (older devices). ``hosting``: the models each worker hosts; a p
 worker forms its batch from its own models only (the most urgent of them), and a push
 router places a request among its model's hosts by the same policy (``SimRouter``).
 The offered load is then a fraction of the fleet's capacity, which counts a worker
-``s`` times slower as ``1/s`` of a worker. ``pace`` (``PACES``): a worker takes by its
-own pace, a token budget it can finish within ``pace_share`` of the latency target at
-its own speed (``paced_budget``), so that a slow device takes less and leaves the rest
-in the shared queue for the faster ones; by default on for pull when the slowdowns
-differ and a target is known, off otherwise (``bench.cluster.fleet``).
+``s`` times slower as ``1/s`` of a worker. ``pace`` (``fleet.PACES``): a worker takes by
+its own pace, a token budget it can finish within ``pace_share`` of the latency target
+at its own speed (``fleet.paced_budget``), so that a slow device takes less and leaves
+the rest in the shared queue for the faster ones; by default on for pull when the
+slowdowns differ and a target is known, off otherwise. Optional per-request
+``deadlines`` let a slow pull worker leave to a faster host what it would finish late
+(``bench.cluster.deadlines``).
 
 Simplifications: forming a batch and routing cost nothing; deadlines never
-expire; a worker scans at most ``workloads.SCAN`` requests past one that does
+expire (a late request is still served; they only steer which worker takes it);
+pull's free workers take in turn, longest idle first, whatever their speed; a
+worker scans at most ``workloads.SCAN`` requests past one that does
 not fit. Pull here is the ideal shared queue: a batch forms from it when a
 worker is free. The real worker pulls eagerly (an idle worker takes the first
 arrival and waits ``max_wait`` for company, later arrivals going to other idle
@@ -83,7 +87,7 @@ class SimResult:
     batch_tokens: float
     tokens_per_s: float  # offered tokens/s over the measured span
     aborted: bool = False  # stopped early: more than 1% of requests already over the target
-    pace: str = "off"  # which workers sized their batches by their own pace (PACES)
+    pace: str = "off"  # which workers sized their batches by their own pace (fleet.PACES)
 
 
 def simulate(
@@ -180,7 +184,7 @@ class _Run:
         self.models, self.n_models = workload.models, workload.n_models
         self.cost, self.log = cost, log
         # The batching rule's numbers, read on every event.
-        self.max_tokens, self.max_requests = cost.max_batch_tokens, cost.max_batch_requests
+        self.max_requests = cost.max_batch_requests
         self.max_wait = cost.max_wait_s
         workers = fleet.workers
         self.workers, self.policy, self.staleness_s = workers, policy, staleness_s

@@ -13,7 +13,9 @@
   assignments; it still cannot see completions until the next view).
 
 The router's view is a snapshot of every worker's load taken every R ms and stale
-in between; in the simulation R = 0 is a perfect, always-current view.
+in between; in the simulation R = 0 is a perfect, always-current view. Where each
+worker hosts only some models, a policy chooses among the request's model's hosts
+only, reading their part of the view (round-robin keeping one turn per model).
 
 Each push policy comes in two forms that read and choose the same way:
 ``SimRouter`` for the simulation (integer loads, cheap tie-breaking fixed by the
