@@ -13,7 +13,9 @@
   assignments; it still cannot see completions until the next view).
 
 The router's view is a snapshot of every worker's load taken every R ms and stale
-in between; in the simulation R = 0 is a perfect, always-current view.
+in between; in the simulation R = 0 is a perfect, always-current view. Where each
+worker hosts only some models, a policy chooses among the request's model's hosts
+only, reading their part of the view (round-robin keeping one turn per model).
 
 Each push policy comes in two forms that read and choose the same way:
 ``SimRouter`` for the simulation (integer loads, cheap tie-breaking fixed by the
@@ -47,8 +49,8 @@ class SimRouter:
     always made them, so that a seed gives the same run.
     """
 
-    __slots__ = ("least_pick", "live", "owns", "policy", "rand", "routers", "rr_next", "stale",
-                 "view", "workers")  # fmt: skip
+    __slots__ = ("least_pick", "least_within", "live", "owns", "policy", "rand", "routers",
+                 "rr_next", "stale", "turns", "view", "workers")  # fmt: skip
 
     def __init__(
         self,
@@ -70,6 +72,10 @@ class SimRouter:
         self.owns = [[0] * workers if stale else self.view for _ in range(routers)]
         self.least_pick: list[int] = []  # least, stale view: the tied minima of the snapshot
         self.rr_next = [int(rand() * workers) for _ in range(routers)] if routers > 1 else [0]
+        # route_within: per router, one round-robin turn per model (as the real router
+        # keeps); least on a stale view, the tied minima among each model's hosts.
+        self.turns: list[dict[int, int]] = [{} for _ in range(routers)]
+        self.least_within: dict[int, list[int]] = {}
 
     def refresh(self) -> None:
         """A new snapshot of every worker's load."""
@@ -78,6 +84,7 @@ class SimRouter:
         for own in self.owns:
             own[:] = live
         self.least_pick = []
+        self.least_within = {}
 
     def route(self, load: int) -> int:
         """The worker for a request that adds ``load`` (tokens or 1) to it."""
@@ -110,6 +117,44 @@ class SimRouter:
             w = own.index(low, int(rand() * workers))
         except ValueError:
             w = own.index(low)
+        if own is not self.live:
+            own[w] += load
+        return w
+
+    def route_within(self, load: int, hosts: Sequence[int], model: int) -> int:
+        """The worker among ``hosts`` (those hosting ``model``) for a request that adds
+        ``load``: the same policy over the hosts only, as ``bench.cluster.router`` places."""
+        rand, n = self.rand, len(hosts)
+        r = int(rand() * self.routers) if self.routers > 1 else 0
+        policy = self.policy
+        if policy == "rr":
+            turns = self.turns[r]
+            # Several routers start their turns anywhere, as route's do.
+            turn = turns.get(model, int(rand() * n) if self.routers > 1 else 0)
+            turns[model] = turn + 1
+            return hosts[turn % n]
+        view = self.view
+        if policy == "p2c":
+            if n == 1:
+                return hosts[0]
+            a = int(rand() * n)
+            b = int(rand() * (n - 1))
+            b += b >= a
+            return hosts[b] if view[hosts[b]] < view[hosts[a]] else hosts[a]
+        if policy == "least" and self.stale:
+            picks = self.least_within.get(model)
+            if not picks:
+                low = min(view[h] for h in hosts)
+                picks = self.least_within[model] = [h for h in hosts if view[h] == low]
+            return picks[int(rand() * len(picks))]
+        own = self.owns[r]
+        loads = [own[h] for h in hosts]
+        low = min(loads)
+        try:
+            k = loads.index(low, int(rand() * n))
+        except ValueError:
+            k = loads.index(low)
+        w = hosts[k]
         if own is not self.live:
             own[w] += load
         return w

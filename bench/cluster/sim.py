@@ -5,7 +5,8 @@ the tables and writes the JSON and the plots (``bench.cluster.sim_report``).
 
     python -m bench.cluster.sim [--workers 8 16 32 64] [--staleness-ms 0 5 20 50 100 200]
         [--workload small mixed bursty multimodel] [--p99-batches 2 4 | --p99-ms MS ...]
-        [--routers 1] [--cost cpu | --cost gpu-like --gpu-speedup 100] [--quick]
+        [--routers 1 4] [--cost cpu | --cost gpu-like --gpu-speedup 100] [--quick]
+        [--slowdowns gens3 | 1,2,4] [--models 16 --models-per-worker 2-4] [--pace pull]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from bench import report
 from bench.cluster.cost_model import GPU_FIXED_FACTOR, GPU_PER_TOKEN_DIVISOR, gpu_like, load_cost
 from bench.cluster.experiments import Plan, run_plan
+from bench.cluster.fleet import PACES, PROFILES
 from bench.cluster.policies import PUSH
 from bench.cluster.sim_report import json_text, plots, tables
 from bench.cluster.workloads import SEED, WORKLOADS
@@ -44,7 +46,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[2.0, 4.0],
         help="p99 targets in full-batch times of each workload (when no --p99-ms)",
     )
-    parser.add_argument("--routers", type=int, default=1, help="independent push routers")
+    parser.add_argument(
+        "--routers", type=int, nargs="+", default=[1], help="independent push routers, each a run"
+    )
+    parser.add_argument(
+        "--slowdowns",
+        default="",
+        help=f"uneven devices: a profile ({', '.join(PROFILES)}: a third of the workers each "
+        "at 1x, 2x, 4x) or factors like 1,2,4, each to an equal share of the workers",
+    )
+    parser.add_argument(
+        "--models", type=int, default=0, help="spread the requests over N Zipf-popular models"
+    )
+    parser.add_argument(
+        "--models-per-worker",
+        default="",
+        help="N or LOW-HIGH models per worker (default: every model everywhere); replicas "
+        "follow each model's popularity",
+    )
+    parser.add_argument(
+        "--pace",
+        choices=PACES,
+        default=None,
+        help="which workers take a batch they finish within half the p99 target at their own "
+        "speed (default: pull's, when the slowdowns differ; else off)",
+    )
     parser.add_argument(
         "--cost",
         choices=["cpu", "gpu-like"],
@@ -94,7 +120,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         policies=("pull", *(args.policy or PUSH)),
         targets=tuple(args.p99_ms or args.p99_batches),
         target_unit="ms" if args.p99_ms else "batches",
-        routers=args.routers,
+        routers=tuple(args.routers),
         batches=args.batches or (8.0 if quick else 15.0),
         min_requests=2_000 if quick else 10_000,
         max_requests=args.max_requests or (20_000 if quick else 150_000),
@@ -102,6 +128,10 @@ def plan_from(args: argparse.Namespace) -> Plan:
         sweep_workers=args.sweep_workers or (32 if 32 in workers else max(workers)),
         sweep_staleness_ms=args.sweep_staleness_ms,
         seed=args.seed,
+        slowdowns=args.slowdowns,
+        models=args.models,
+        models_per_worker=args.models_per_worker,
+        pace=args.pace,
     )
 
 

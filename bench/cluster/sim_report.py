@@ -24,8 +24,9 @@ def tables(data: dict[str, Any]) -> str:
     plan, facts = data["plan"], data["workloads"]
     staleness = [float(r) for r in plan["staleness_ms"]]
     out: list[str] = [f"cost model: {data['cost_model']['label']}"]
-    if plan["routers"] > 1:
-        out.append(f"{plan['routers']} independent push routers")
+    if list(plan["routers"]) != [1]:
+        out.append("independent push routers: " + ", ".join(map(str, plan["routers"])))
+    out.extend(_fleet_lines(plan))
     for name in plan["workloads"]:
         f = facts[name]
         for target, target_ms in f["p99_targets_ms"].items():
@@ -57,21 +58,37 @@ def tables(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _fleet_lines(plan: dict[str, Any]) -> list[str]:
+    """What the fleet is, when it is not every device at 1 hosting every model."""
+    out = []
+    if plan.get("slowdowns"):
+        out.append(f"devices: slowdowns {plan['slowdowns']} (load: share of the fleet's capacity)")
+    if plan.get("models"):
+        out.append(f"requests over {plan['models']} Zipf-popular models")
+    if plan.get("models_per_worker"):
+        out.append(f"models per worker: {plan['models_per_worker']}, replicas by popularity")
+    if out:
+        out.append(f"pace: {plan.get('pace') or 'default (pull, when the slowdowns differ)'}")
+    return out
+
+
 def _target_table(data: dict[str, Any], name: str, target: str, staleness: list[float]) -> str:
     plan = data["plan"]
+    routers = list(plan["routers"])
     rows: list[list[object]] = []
     for workers in plan["workers"]:
         key = {"workload": name, "target": target, "workers": workers}
         pull = _find(data["max_load"], policy="pull", **key)
         if pull is not None:
             util = pull.get("utilization") or math.nan
-            cell = f"{pull['max_load']:.2f} (busy {util:.2f})"
+            paced = "" if pull.get("pace", "off") == "off" else f", pace {pull['pace']}"
+            cell = f"{pull['max_load']:.2f} (busy {util:.2f}{paced})"
             rows.append([workers, "pull max load", *[cell] * len(staleness)])
-        for policy in [p for p in plan["policies"] if p != "pull"]:
+        for policy, count in [(p, n) for p in plan["policies"] if p != "pull" for n in routers]:
             cells: list[object] = []
             for r_ms in staleness:
                 at = r_ms if policy in VIEW_POLICIES else 0.0
-                row = _find(data["ratios"], policy=policy, staleness_ms=at, **key)
+                row = _find(data["ratios"], policy=policy, staleness_ms=at, routers=count, **key)
                 if row is None:
                     cells.append("-")
                     continue
@@ -81,7 +98,8 @@ def _target_table(data: dict[str, Any], name: str, target: str, staleness: list[
                     + ("-" if busy is None else f"{busy:.2f}")
                     + ")"
                 )
-            rows.append([workers, f"pull/{policy}", *cells])
+            label = f"pull/{policy}" + (f" ({count} routers)" if routers != [1] else "")
+            rows.append([workers, label, *cells])
     return report.table(["workers", "", *[f"R={r:g} ms" for r in staleness]], rows)
 
 
@@ -149,10 +167,12 @@ def _staleness_figure(data: dict[str, Any], target: str, note: str, path: Path) 
 def _staleness_panel(ax: Any, data: dict[str, Any], name: str, target: str, w: int) -> None:
     plan = data["plan"]
     for policy in plan["policies"]:
+        # One count of routers per figure: the first the plan ran.
+        want = (name, target, w, policy, 1 if policy == "pull" else plan["routers"][0])
         rows = [
             r
             for r in data["max_load"]
-            if (r["workload"], r["target"], r["workers"], r["policy"]) == (name, target, w, policy)
+            if (r["workload"], r["target"], r["workers"], r["policy"], r["routers"]) == want
         ]
         if not rows:
             continue
