@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from bench.cluster import scale_traffic as traffic
+import bench.cluster.scale_traffic as traffic
 from bench.cluster.cost_model import CostModel
 from bench.cluster.workloads import Workload, capacity, make_workload
 
