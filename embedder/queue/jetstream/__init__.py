@@ -6,9 +6,13 @@ the annotations as headers (``wire``). Workers (``puller.JetStreamPuller``) of o
 model share one durable pull consumer filtered to that subject, so a worker pulls
 only the models it hosts, and any of them may take any request: a slow or stopped
 worker's backlog is simply fetched by the others. A worker fetches about its token
-budget (every hosted model's consumer at once), hands back with ``nak(delay)``
-what does not fit, ``term()``s what expired, and acks a job only once
-its reply is published to the gateway's own inbox subject.
+budget from the hosted model with the most requests waiting (the consumers' pending
+counts; it waits on every hosted model's consumer at once only when none has any),
+hands back with ``nak(delay)`` what does not fit, ``term()``s what expired, and acks
+a job only once its reply is published to the gateway's own inbox subject. What it
+cannot finish before the deadline, and what a fetch left open brings while it runs a
+batch, it hands back at once (``nak`` without delay): a busy worker holds nothing it
+is not running, so a worker that asks takes it now.
 
 Delivery is at least once: a job a worker holds unacknowledged past ``ack_wait``
 (it died, or it is stopped) goes to another worker; the gateway keeps the first

@@ -60,16 +60,18 @@ class JetStreamConfig(BaseModel):
         validation_alias="nats_max_deliver",
         description="Deliveries of one request before it is dead-lettered (<stream>_DEAD, with "
         "the reason) and its client gets 502. Counts crashes, stalls past the ack wait and "
-        "hand-backs over a worker's budget: higher tolerates more, lower stops a request "
-        "that kills workers sooner.",
+        "hand-backs (over a worker's budget, too late for a slow worker, caught by a busy "
+        "one's open fetch): higher tolerates more, lower stops a request that kills workers "
+        "sooner.",
     )
     nak_delay_ms: int = Field(
         default=20,
         ge=0,
         validation_alias="nats_nak_delay_ms",
-        description="Delay before a request a worker handed back (over its token budget) is "
+        description="Delay before a request a worker handed back over its token budget is "
         "offered again. Lower gives it sooner to a free worker; higher keeps the same busy "
-        "worker from taking it straight back.",
+        "worker from taking it straight back. Requests a worker cannot finish in time, or "
+        "that a busy worker's open fetch caught, go back without delay.",
     )
     max_age_s: float = Field(
         default=3_600.0,

@@ -1,22 +1,20 @@
 """The worker's half of the JetStream work queue (the whole is described in
-``embedder.queue.jetstream``): fetch about a token budget from the durable consumer of
-each model served, hand back what does not fit, reply, and ack only what is answered."""
+``embedder.queue.jetstream``): take about a token budget of what ``fetcher`` reads,
+hand back what does not fit or cannot be finished in time, reply, and ack only what is
+answered."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.js import JetStreamContext
-from prometheus_client import Counter as MetricCounter
 
 from embedder.core.errors import LimitExceeded
 from embedder.core.jobs import Job
@@ -24,37 +22,20 @@ from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.dead_letters import DeadLetters
-from embedder.queue.jetstream.streams import ensure_consumer, ensure_streams
+from embedder.queue.jetstream.fetcher import HANDLED, Fetcher
+from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.jetstream.submitter import connect
 from embedder.queue.protocol import Outcome, Partial
 from embedder.tasks.embed.batching import take_within, urgency
 
 log = logging.getLogger(__name__)
 
-HANDLED = MetricCounter(
-    "flotilla_jetstream_requests",
-    "Request messages a worker fetched, by what became of them: 'taken', 'handed_back' "
-    "(nak: over the token budget), 'handed_on' (nak: fetched for another model while this "
-    "worker ran a batch), 'withdrawn' (acked unanswered: the gateway's client left), "
-    "'expired' and 'malformed' (both terminated).",
-    ["outcome"],
-)
 TAKEN = HANDLED.labels("taken")
 HANDED_BACK = HANDLED.labels("handed_back")
-HANDED_ON = HANDLED.labels("handed_on")
+HANDED_BACK_LATE = HANDLED.labels("handed_back_late")
 WITHDRAWN = HANDLED.labels("withdrawn")
 MAX_FETCH = 64  # messages asked for in one fetch, however small the jobs
 FIRST_GUESS_TOKENS = 64.0  # tokens per job assumed before any was seen
-# How long a fetch for the rest of a batch may linger on the server: the requests that
-# arrive within it go with the batch, the later ones to whichever worker asks first.
-REST_WAIT_S = 0.002
-# A first request that came within this was already waiting: there may be more, worth
-# the fetch for the rest; one that took longer arrived while the worker waited.
-BACKLOG_S = 0.005
-# How long the fetch for requests the server counts as waiting (the first one's
-# ``num_pending``) may take: it ends as soon as they come, so this bounds only a busy
-# machine's delivery, or a race with another worker for them.
-PENDING_WAIT_S = 0.05
 
 
 @dataclass(slots=True)
@@ -65,14 +46,15 @@ class _Held:
 
 
 class JetStreamPuller(Lifecycle):
-    """The worker's ``JobPuller``: one pull subscription per model, bound to the durable
-    consumer all that model's workers share.
+    """The worker's ``JobPuller``, reading through a ``fetcher.Fetcher`` (one pull
+    subscription per model, bound to the durable consumer all that model's workers share).
 
     A fetch asks for about ``max_tokens`` worth of messages, guessed from the sizes seen
     so far; what still does not fit is nak'ed with ``nak_delay_ms`` so another worker
-    takes it. Jobs in hand are kept from redelivery while their deadline lasts (an
-    in-progress ack every third of ``ack_wait``): only a worker that stops answering
-    loses them, after ``ack_wait``.
+    takes it. Jobs the worker hands back (``hand_back``: it cannot finish them in time)
+    are nak'ed without delay. Jobs in hand are kept from redelivery while their
+    deadline lasts (an in-progress ack every third of ``ack_wait``): only a worker that
+    stops answering loses them, after ``ack_wait``.
     """
 
     def __init__(
@@ -88,12 +70,7 @@ class JetStreamPuller(Lifecycle):
         self.name = name
         self.clock = clock
         self._nc: Client | None = None
-        self._js: JetStreamContext | None = None
-        self._subs: dict[str, JetStreamContext.PullSubscription] = {}
-        self._fetching: dict[JetStreamContext.PullSubscription, asyncio.Future[list[Msg]]] = {}
-        self._waiting = False  # a pull is waiting on self._fetching
-        self._kept: list[Msg] = []  # brought between pulls, for the next one
-        self._handing: set[asyncio.Future[None]] = set()
+        self._fetcher: Fetcher | None = None
         self._held: dict[str, _Held] = {}
         self._tokens_per_job = FIRST_GUESS_TOKENS
         self._serving = False
@@ -115,7 +92,7 @@ class JetStreamPuller(Lifecycle):
         except BaseException:
             await nc.close()
             raise
-        self._nc, self._js = nc, js
+        self._nc, self._fetcher = nc, Fetcher(js, self.config)
         self._serving = True
         self._keepalive = watch(asyncio.create_task(self._keep_alive(), name="jetstream-wpi"))
 
@@ -126,14 +103,14 @@ class JetStreamPuller(Lifecycle):
             return
         self._serving = False
         await cancel_and_wait(self._keepalive)
-        await self._hand_back_fetching()
+        assert self._fetcher is not None
+        await self._fetcher.close()
         await self._hand_back_held()
         assert self._dead is not None
         await self._dead.stop()
         with contextlib.suppress(NatsError, TimeoutError):
             await nc.flush(timeout=5)  # the acks and replies still buffered go out first
         await nc.close()
-        self._subs.clear()
 
     async def drain(self, timeout_s: float) -> int:
         """Stop fetching and wait until the jobs in hand are answered; those still
@@ -148,7 +125,8 @@ class JetStreamPuller(Lifecycle):
                     await self._released.wait()
         left = len(self._held)
         self._answers = False
-        await self._hand_back_fetching()
+        if self._fetcher is not None:
+            await self._fetcher.close()
         await self._hand_back_held()
         return left
 
@@ -158,12 +136,11 @@ class JetStreamPuller(Lifecycle):
     # -- JobPuller ---------------------------------------------------------------------
 
     async def pull(self, models: Collection[str], max_tokens: int, timeout_s: float) -> list[Job]:
-        if not self._serving or not models:
+        if not self._serving or not models or self._fetcher is None:
             await asyncio.sleep(timeout_s)
             return []
         batch = max(1, min(MAX_FETCH, int(max_tokens / self._tokens_per_job)))
-        subs = [await self._subscription(model) for model in models]
-        messages = await self._fetch(subs, batch, timeout_s)
+        messages = await self._fetcher.fetch(models, batch, timeout_s)
         now = self.clock()
         jobs = [job for msg in messages if (job := await self._admit(msg, now)) is not None]
         if jobs:
@@ -178,6 +155,19 @@ class JetStreamPuller(Lifecycle):
                 await held.msg.nak(delay=self.config.nak_delay_ms / 1e3)
         TAKEN.inc(len(taken))
         return taken
+
+    async def hand_back(self, jobs: Sequence[Job]) -> None:
+        """Back to the queue without delay, for a worker asking now: this one cannot
+        finish them in time. The server counts the next delivery (``deliveries`` one
+        higher); a job answered or withdrawn meanwhile is no longer held, so skipped."""
+        for job in jobs:
+            held = self._held.pop(job.id, None)
+            if held is None:
+                continue
+            HANDED_BACK_LATE.inc()
+            with contextlib.suppress(NatsError):
+                await held.msg.nak()
+        self._released.set()
 
     async def complete(self, job_id: str, outcome: Outcome) -> None:
         held = self._held.pop(job_id, None)
@@ -231,114 +221,9 @@ class JetStreamPuller(Lifecycle):
         """Jobs this worker no longer answers for: unknown (handed back) or abandoned."""
         return {job_id for job_id in job_ids if not self._answers or job_id not in self._held}
 
-    # -- reading -----------------------------------------------------------------------
-
-    async def _subscription(self, model: str) -> JetStreamContext.PullSubscription:
-        sub = self._subs.get(model)
-        if sub is None:
-            assert self._js is not None
-            durable = await ensure_consumer(self._js, self.config, model)
-            sub = await self._js.pull_subscribe_bind(durable=durable, stream=self.config.stream)
-            self._subs[model] = sub
-        return sub
-
-    async def _fetch(
-        self, subs: list[JetStreamContext.PullSubscription], batch: int, timeout_s: float
-    ) -> list[Msg]:
-        kept, self._kept = self._kept, []
-        if len(subs) == 1 and not self._fetching:
-            return kept + await self._fetch_one(subs[0], batch, timeout_s)
-        # Several models: one fetch per model runs at a time, and the first that brings
-        # something ends the wait. The others are left running, never cancelled: a
-        # cancelled fetch drops the messages it already took, and those would wait out
-        # ``ack_wait`` before redelivery. One that ends while this worker is not pulling
-        # (it is running a batch) hands its requests on (``_ended_unasked``).
-        for sub in subs:
-            if sub not in self._fetching:
-                task = asyncio.ensure_future(self._fetch_one(sub, batch, timeout_s))
-                task.add_done_callback(functools.partial(self._ended_unasked, sub))
-                self._fetching[sub] = task
-        if not kept:  # with requests in hand already, take what has come and go
-            self._waiting = True
-            try:
-                await asyncio.wait(
-                    self._fetching.values(),
-                    timeout=timeout_s + 1.0,
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-            finally:
-                self._waiting = False
-        return kept + self._collect()
-
-    def _ended_unasked(
-        self, sub: JetStreamContext.PullSubscription, task: asyncio.Future[list[Msg]]
-    ) -> None:
-        """A fetch left running brought requests while this worker runs a batch: those
-        delivered for the first time go back at once (no delay) to a worker that is
-        asking; one already handed on is kept for this worker's next pull, so that no
-        request bounces toward ``max_deliver``."""
-        if self._waiting or self._fetching.get(sub) is not task or task.cancelled():
-            return
-        del self._fetching[sub]
-        messages = task.result()
-        back = [m for m in messages if m.metadata.num_delivered <= 1]
-        self._kept.extend(m for m in messages if m.metadata.num_delivered > 1)
-        if back:
-            HANDED_ON.inc(len(back))
-            handing = asyncio.ensure_future(self._nak_all(back))
-            self._handing.add(handing)
-            handing.add_done_callback(self._handing.discard)
-
-    def _collect(self) -> list[Msg]:
-        """The messages of the fetches that have ended."""
-        found: list[Msg] = []
-        for sub, task in list(self._fetching.items()):
-            if task.done():
-                del self._fetching[sub]
-                found.extend(task.result())
-        return found
-
-    @staticmethod
-    async def _nak_all(messages: list[Msg]) -> None:
-        for msg in messages:
-            with contextlib.suppress(NatsError):
-                await msg.nak()
-
-    async def _fetch_one(
-        self, sub: JetStreamContext.PullSubscription, batch: int, timeout_s: float
-    ) -> list[Msg]:
-        """The first message as soon as there is one, then up to the rest of ``batch``:
-        those the server counts as waiting behind it, or, when none is counted but the
-        first came at once, those that arrive within ``REST_WAIT_S``. A pull request outlives its
-        fetch on the server until it is filled or expires: asked for a whole batch at
-        once, a worker would go on collecting requests into its inbox while it runs the
-        first ones, where no free worker can take them."""
-        try:
-            asked = time.monotonic()
-            first = await sub.fetch(1, timeout=max(timeout_s, 0.001))
-            waiting = first[-1].metadata.num_pending or 0
-            if batch <= len(first):
-                return first
-            if waiting > 0:  # counted by the server, so asked for whatever the wait took
-                rest, wait_s = min(batch - len(first), waiting), PENDING_WAIT_S
-            elif time.monotonic() - asked <= BACKLOG_S:  # maybe a burst still arriving
-                rest, wait_s = batch - len(first), REST_WAIT_S
-            else:
-                return first  # it had to wait for one: nothing else is waiting
-            try:
-                return first + await sub.fetch(rest, timeout=wait_s)
-            except TimeoutError:
-                return first
-        except TimeoutError:
-            return []
-        except NatsError as exc:
-            log.warning("fetching requests failed: %r", exc)
-            await asyncio.sleep(timeout_s)
-            return []
-
     async def _admit(self, msg: Msg, now: float) -> Job | None:
         try:
-            job, reply_to = wire.decode_job(msg.headers, msg.data)
+            job, reply_to = wire.decode_job(msg.headers, msg.data, msg.metadata.num_delivered)
         except wire.MalformedRecord as exc:
             log.warning("terminating a request that is not one: %s", exc)
             HANDLED.labels("malformed").inc()
@@ -353,21 +238,9 @@ class JetStreamPuller(Lifecycle):
             held.msg = msg  # redelivered while still in hand: this delivery's ack counts
             return None
         self._held[job.id] = _Held(msg, reply_to, job.deadline)
+        if self._fetcher is not None:
+            self._fetcher.saw_deadline(job.model, job.deadline)
         return job
-
-    async def _hand_back_fetching(self) -> None:
-        """Wait for the fetches still running (each ends by its timeout) and hand back
-        what they brought, so that nothing waits out ``ack_wait`` on a stopped worker."""
-        self._waiting = True  # what they bring is collected here
-        try:
-            if self._fetching:
-                await asyncio.wait(self._fetching.values())
-        finally:
-            self._waiting = False
-        kept, self._kept = self._kept, []
-        await self._nak_all(kept + self._collect())
-        if self._handing:
-            await asyncio.gather(*self._handing)
 
     async def _hand_back_held(self) -> None:
         held, self._held = list(self._held.values()), {}

@@ -79,8 +79,12 @@ def encode_job(job: Job, reply_to: str) -> Headers:
     return headers
 
 
-def decode_job(headers: Headers | None, payload: bytes | None) -> tuple[Job, str]:
-    """The job and the subject its reply goes to; ``MalformedRecord`` when not one."""
+def decode_job(
+    headers: Headers | None, payload: bytes | None, deliveries: int = 1
+) -> tuple[Job, str]:
+    """The job and the subject its reply goes to; ``MalformedRecord`` when not one.
+    ``deliveries`` is the server's count for this delivery of the message (its metadata,
+    not a header): a worker treats a job handed back before differently."""
     fields = headers or {}
     try:
         job = Job(
@@ -94,6 +98,7 @@ def decode_job(headers: Headers | None, payload: bytes | None) -> tuple[Job, str
             enqueued_at=float(fields[ENQUEUED_AT]),
             adapter=fields.get(ADAPTER),
             priority=int(fields.get(PRIORITY, "0")),
+            deliveries=deliveries,
         )
         return job, fields[REPLY_TO]
     except KeyError as exc:

@@ -24,9 +24,8 @@ from embedder.core.errors import (
     NotReady,
     Undeliverable,
 )
-from embedder.core.jobs import ApiShape, Job, JobResult, Timings
-from embedder.queue.jetstream import puller as puller_module
-from embedder.queue.jetstream import wire
+from embedder.core.jobs import ApiShape, Job, JobResult, ModelState, Timings
+from embedder.queue.jetstream import fetcher, wire
 from embedder.queue.jetstream.config import JetStreamConfig, subject_token
 from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
 from embedder.queue.jetstream.puller import JetStreamPuller
@@ -205,22 +204,27 @@ async def test_workers_of_several_models_lose_no_job_to_a_fetch_left_running(
         assert sorted(answers) == sorted(f"j{i}".encode() for i in range(150))
 
 
-async def test_a_busy_workers_leftover_fetch_hands_its_catch_to_a_worker_that_asks(
+async def test_a_job_handed_back_goes_at_once_to_a_worker_that_asks(
     nats_server: NatsServer, config: JetStreamConfig
 ) -> None:
-    """The first worker's pull returns with an alpha job, its beta fetch left running;
-    while it runs that batch (it never pulls again here), a beta job that fetch catches
-    goes back at once to the second worker, who is asking: not after ``ack_wait``."""
-    config = config.model_copy(update={"ack_wait_s": 60.0})
-    async with queue(nats_server, config, workers=2) as (submitter, [busy, free]):
-        await submitter.put(job("a", model="alpha"))
-        first = await busy.pull(["alpha", "beta"], 1_000, 3.0)
-        assert [j.id for j in first] == ["a"]  # its beta fetch lingers for up to 3 s
-        asking = asyncio.ensure_future(free.pull(["beta"], 1_000, 5.0))
-        await asyncio.sleep(0.2)  # the busy worker's older request is first in line
-        await submitter.put(job("b", model="beta"))
-        async with asyncio.timeout(2.0):
-            assert [j.id for j in await asking] == ["b"]
+    """No nak delay and no ack_wait: the worker that asks next has it, as a second
+    delivery; the one that handed it back no longer answers for it."""
+    config = config.model_copy(update={"ack_wait_s": 60.0, "nak_delay_ms": 5_000})
+    async with queue(nats_server, config, workers=2) as (submitter, [slow, fast]):
+        future = await submitter.put(job("j1"))
+        [taken] = await slow.pull(["alpha"], 1_000, WAIT_S)
+        assert taken.deliveries == 1
+        asking = asyncio.ensure_future(fast.pull(["alpha"], 1_000, WAIT_S))
+        await asyncio.sleep(0.1)
+        await slow.hand_back([taken])
+        async with asyncio.timeout(1.0):
+            [again] = await asking
+        assert (again.id, again.deliveries) == ("j1", 2)
+        assert slow.cancelled(["j1"]) == {"j1"}
+        await slow.hand_back([taken])  # no longer held: nothing to hand back
+        await fast.complete("j1", result("fast"))
+        async with asyncio.timeout(WAIT_S):
+            assert (await future).body == b"fast"
 
 
 async def test_expired_jobs_are_terminated_not_run(
@@ -232,7 +236,9 @@ async def test_expired_jobs_are_terminated_not_run(
         await submitter.put(job("fresh"))
         assert await pull_until(puller, 1) == ["fresh"]
         assert await puller.pull(["alpha"], 1_000, 0.3) == []
-        info = await puller._js.consumer_info(config.stream, config.consumer("alpha"))  # type: ignore[union-attr]
+        nc = await nats.connect(nats_server.url)
+        info = await nc.jetstream().consumer_info(config.stream, config.consumer("alpha"))
+        await nc.close()
         assert info.num_ack_pending == 1 and info.num_redelivered == 0  # only "fresh" is held
 
 
@@ -264,7 +270,7 @@ async def test_a_job_nobody_answers_is_dead_lettered_and_its_client_told(
 
 
 class States:
-    def state(self, model: str) -> str:
+    def state(self, model: str) -> ModelState:
         return "ready"
 
     def describe(self, model: str) -> dict[str, object]:
@@ -355,7 +361,7 @@ async def test_a_slow_first_fetch_still_takes_the_requests_waiting_behind_it(
 ) -> None:
     """On a busy machine the first fetch can take longer than the backlog window even
     with requests waiting: the server's count of them, not the time, decides."""
-    monkeypatch.setattr(puller_module, "BACKLOG_S", -1.0)  # every first fetch is "slow"
+    monkeypatch.setattr(fetcher, "BACKLOG_S", -1.0)  # every first fetch is "slow"
     async with queue(nats_server, config) as (submitter, [puller]):
         for i in range(5):
             await submitter.put(job(f"j{i}", tokens=10))

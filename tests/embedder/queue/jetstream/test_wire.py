@@ -47,6 +47,12 @@ def test_a_job_survives_the_trip(adapter: str | None) -> None:
     assert wire.decode_job(headers, job.body) == (job, "flotilla.replies.gw-1")
 
 
+def test_a_decoded_job_carries_the_servers_count_of_its_deliveries() -> None:
+    job = a_job()
+    headers = wire.encode_job(job, "flotilla.replies.gw-1")
+    assert wire.decode_job(headers, job.body, 3)[0].deliveries == 3
+
+
 def test_a_result_survives_the_trip() -> None:
     result = JobResult(
         body=b'{"data": []}',

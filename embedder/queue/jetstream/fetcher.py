@@ -1,0 +1,300 @@
+"""How a worker reads the JetStream work queue (``puller`` holds and answers what it
+reads): one pull subscription per model, bound to the durable consumer all that
+model's workers share, and the fetches that bring no more than a pull can take.
+
+A worker hosting several models fetches from one: the one with the most requests
+waiting (the server's count, read from each fetched message's ``num_pending`` or, when
+that is older than ``DEPTH_FRESH_S``, from the consumer's info, every stale model in
+one concurrent round trip), the earliest deadline among equals. Only when none has
+any waiting does a pull wait on all of them at once, one short fetch each. A fetch
+such a wait leaves open on the server may still bring a request after the pull has
+returned: that one goes back at once (``nak`` without delay), so a busy worker holds
+nothing it is not running while other workers ask for work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import math
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from prometheus_client import Counter as MetricCounter
+
+from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.streams import ensure_consumer
+
+log = logging.getLogger(__name__)
+
+HANDLED = MetricCounter(
+    "flotilla_jetstream_requests",
+    "Request messages a worker fetched, by what became of them: 'taken', 'handed_back' "
+    "(nak after --nats-nak-delay-ms: over the token budget), 'handed_back_late' (nak, no "
+    "delay: the worker cannot finish it before its deadline, a faster one may), "
+    "'handed_on' (nak, no delay: a fetch left open by an idle wait brought it while the "
+    "worker ran a batch), 'withdrawn' (acked unanswered: the gateway's client left), "
+    "'expired' and 'malformed' (both terminated).",
+    ["outcome"],
+)
+HANDED_ON = HANDLED.labels("handed_on")
+# How long a fetch for the rest of a batch may linger on the server: the requests that
+# arrive within it go with the batch, the later ones to whichever worker asks first.
+REST_WAIT_S = 0.002
+# A first request that came within this was already waiting: there may be more, worth
+# the fetch for the rest; one that took longer arrived while the worker waited.
+BACKLOG_S = 0.005
+# How long a fetch for requests the server counts as waiting may take: it ends as soon
+# as they come, so this bounds only a busy machine's delivery, or a race with another
+# worker for them (after which the pull waits on every model).
+PENDING_WAIT_S = 0.05
+# How long a model's depth as last seen stands for the present. Under load a worker
+# pulls every few milliseconds: the fetched model's depth comes free with its messages,
+# the others' cost one round trip (together) when older than this.
+DEPTH_FRESH_S = 0.03
+# The longest one fetch of an idle wait stays open on the server (a longer pull opens
+# another). What it brings after the pull returned is handed on, each time a delivery
+# toward ``max_deliver``: a short life keeps that rare.
+IDLE_FETCH_S = 0.25
+
+Subscription = JetStreamContext.PullSubscription
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """One model's queue as this worker last saw it: the requests waiting (not yet
+    delivered to any worker; a handed-back one is not counted), when (monotonic
+    seconds), and the deadline of the last one fetched, the nearest sign of how urgent
+    the queue's head is."""
+
+    waiting: int
+    seen_at: float
+    head_deadline: float = math.inf
+
+
+def deepest(depths: Mapping[str, Depth]) -> str | None:
+    """The model to fetch from: the most requests waiting, the earliest head deadline
+    among equals; None when no model has any waiting."""
+    ranked = [(d.waiting, -d.head_deadline, m) for m, d in depths.items() if d.waiting > 0]
+    return max(ranked)[2] if ranked else None
+
+
+class Fetcher:
+    """The fetching half of a ``JetStreamPuller``, over its connection."""
+
+    def __init__(self, js: JetStreamContext, config: JetStreamConfig) -> None:
+        self._js = js
+        self.config = config
+        self._subs: dict[str, Subscription] = {}
+        self._depths: dict[str, Depth] = {}
+        # An idle wait's fetches, per model; each ends by its own timeout.
+        self._fetching: dict[str, asyncio.Future[list[Msg]]] = {}
+        self._pulling = False  # what an open fetch brings now is this pull's
+        self._closing = False  # what an open fetch brings now is handed back by close()
+        # Brought between pulls on their last delivery (handing them on would
+        # dead-letter them): the next pull takes them.
+        self._kept: list[Msg] = []
+        self._handing: set[asyncio.Future[None]] = set()
+
+    async def fetch(self, models: Collection[str], batch: int, timeout_s: float) -> list[Msg]:
+        """Up to ``batch`` messages: what an earlier wait's fetches brought; else the
+        deepest model's waiting requests; else the first of any model's to come within
+        ``timeout_s``."""
+        started = time.monotonic()
+        subs = {model: await self._subscription(model) for model in models}
+        found: list[Msg] = []
+        self._pulling = True
+        try:
+            found = self._collect()  # with requests in hand already, take them and go
+            if not found and len(subs) > 1:
+                found = await self._fetch_deepest(subs, batch)
+            if not found:
+                remaining = timeout_s - (time.monotonic() - started)
+                found = await self._wait_on_all(subs, batch, max(remaining, 0.001))
+            found += self._collect()
+        finally:
+            self._pulling = False
+            self._hand_on(self._collect())  # only after a failure: found none of it
+        return found
+
+    def saw_deadline(self, model: str, deadline: float) -> None:
+        """The deadline of a request just fetched for ``model``: near its queue's head."""
+        if (depth := self._depths.get(model)) is not None:
+            self._depths[model] = Depth(depth.waiting, depth.seen_at, deadline)
+
+    async def close(self) -> None:
+        """Wait for the fetches still open (each ends by its own short timeout) and hand
+        back what they brought, so that nothing waits out ``ack_wait`` on a stopped
+        worker."""
+        self._closing = True
+        if self._fetching:
+            await asyncio.wait(self._fetching.values())
+        await self._nak_all(self._collect())
+        if self._handing:
+            await asyncio.gather(*self._handing)
+
+    async def _subscription(self, model: str) -> Subscription:
+        sub = self._subs.get(model)
+        if sub is None:
+            durable = await ensure_consumer(self._js, self.config, model)
+            sub = await self._js.pull_subscribe_bind(durable=durable, stream=self.config.stream)
+            self._subs[model] = sub
+        return sub
+
+    # -- choosing by depth -------------------------------------------------------------
+
+    async def _fetch_deepest(self, subs: dict[str, Subscription], batch: int) -> list[Msg]:
+        """One fetch, from the model with the most requests waiting, so that no fetch is
+        left open behind the pull; none when no model has any (or a wait's fetch is
+        still open on the deepest: the wait collects it)."""
+        now = time.monotonic()
+        await self._refresh_depths([m for m in subs if self._stale(m, now)])
+        model = deepest({m: self._depths[m] for m in subs if m in self._depths})
+        if model is None or model in self._fetching:
+            return []
+        return await self._fetch_one(model, subs[model], batch, PENDING_WAIT_S)
+
+    def _stale(self, model: str, now: float) -> bool:
+        """Whether the model's depth must be asked: unknown, old, or none waiting at the
+        last look (that changes without a fetch to tell). A model with a wait's fetch
+        open needs no asking: that fetch takes the first request to come."""
+        if model in self._fetching:
+            return False
+        depth = self._depths.get(model)
+        return depth is None or depth.waiting == 0 or now - depth.seen_at > DEPTH_FRESH_S
+
+    async def _refresh_depths(self, models: list[str]) -> None:
+        """The consumers' counts of waiting requests, asked together (one round trip)."""
+        if not models:
+            return
+        infos = await asyncio.gather(
+            *(
+                self._js.consumer_info(
+                    self.config.stream, self.config.consumer(m), timeout=IDLE_FETCH_S
+                )
+                for m in models
+            ),
+            return_exceptions=True,
+        )
+        now = time.monotonic()
+        for model, info in zip(models, infos, strict=True):
+            if isinstance(info, BaseException):  # unknown: the wait on all reaches it
+                log.debug("the depth of %s is unknown: %r", model, info)
+                self._depths.pop(model, None)
+            else:
+                self._see(model, info.num_pending or 0, now)
+
+    def _see(self, model: str, waiting: int, now: float) -> None:
+        old = self._depths.get(model)
+        self._depths[model] = Depth(waiting, now, old.head_deadline if old else math.inf)
+
+    # -- waiting on every model --------------------------------------------------------
+
+    async def _wait_on_all(
+        self, subs: dict[str, Subscription], batch: int, timeout_s: float
+    ) -> list[Msg]:
+        """Every model at once, none waiting at the last look: the first fetch to bring
+        something ends the wait. The others are left open, never cancelled (a cancelled
+        fetch would leave what the server sends it in the subscription's inbox, unseen);
+        each ends by its own short timeout, and what it brings after this pull returned
+        is handed on (``_ended_unasked``)."""
+        if len(subs) == 1 and not self._fetching:
+            [(model, sub)] = subs.items()
+            return await self._fetch_one(model, sub, batch, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            each_s = min(remaining, IDLE_FETCH_S)
+            for model, sub in subs.items():
+                if model not in self._fetching:
+                    task = asyncio.ensure_future(self._fetch_one(model, sub, batch, each_s))
+                    task.add_done_callback(functools.partial(self._ended_unasked, model))
+                    self._fetching[model] = task
+            await asyncio.wait(
+                self._fetching.values(), timeout=each_s + 1.0, return_when=asyncio.FIRST_COMPLETED
+            )
+            if found := self._collect():
+                return found
+        return []
+
+    def _ended_unasked(self, model: str, task: asyncio.Future[list[Msg]]) -> None:
+        """A wait's fetch brought requests while this worker is not pulling (it runs a
+        batch): they go back at once, to a worker that is asking."""
+        if self._pulling or self._closing or self._fetching.get(model) is not task:
+            return  # the pull, or close(), collects it
+        del self._fetching[model]
+        if not task.cancelled():
+            self._hand_on(task.result())
+
+    def _hand_on(self, messages: list[Msg]) -> None:
+        """Back to the queue without delay; but one on its last delivery would be
+        dead-lettered by it, so that one waits for this worker's next pull."""
+        if not messages:
+            return
+        last = self.config.max_deliver
+        back = [m for m in messages if m.metadata.num_delivered < last]
+        self._kept.extend(m for m in messages if m.metadata.num_delivered >= last)
+        if back:
+            HANDED_ON.inc(len(back))
+            handing = asyncio.ensure_future(self._nak_all(back))
+            self._handing.add(handing)
+            handing.add_done_callback(self._handing.discard)
+
+    def _collect(self) -> list[Msg]:
+        """The messages kept for a pull and those of the wait's fetches that ended."""
+        found, self._kept = self._kept, []
+        for model, task in list(self._fetching.items()):
+            if task.done():
+                del self._fetching[model]
+                if not task.cancelled():
+                    found.extend(task.result())
+        return found
+
+    @staticmethod
+    async def _nak_all(messages: list[Msg]) -> None:
+        for msg in messages:
+            with contextlib.suppress(NatsError):
+                await msg.nak()
+
+    # -- one model ---------------------------------------------------------------------
+
+    async def _fetch_one(
+        self, model: str, sub: Subscription, batch: int, timeout_s: float
+    ) -> list[Msg]:
+        """The first message as soon as there is one, then up to the rest of ``batch``:
+        those the server counts as waiting behind it, or, when none is counted but the
+        first came at once, those that arrive within ``REST_WAIT_S``; no rest for a wait's
+        fetch that ends after its pull returned. A pull request outlives its fetch on the
+        server until it is filled or expires: asked for a whole batch at once, a worker
+        would go on collecting requests into its inbox while it runs the first ones,
+        where no free worker can take them."""
+        try:
+            asked = time.monotonic()
+            first = await sub.fetch(1, timeout=max(timeout_s, 0.001))
+            waiting = first[-1].metadata.num_pending or 0
+            self._see(model, waiting, time.monotonic())
+            if batch <= len(first) or not self._pulling:
+                return first
+            if waiting > 0:  # counted by the server, so asked for whatever the wait took
+                rest, wait_s = min(batch - len(first), waiting), PENDING_WAIT_S
+            elif time.monotonic() - asked <= BACKLOG_S:  # maybe a burst still arriving
+                rest, wait_s = batch - len(first), REST_WAIT_S
+            else:
+                return first  # it had to wait for one: nothing else is waiting
+            try:
+                more = await sub.fetch(rest, timeout=wait_s)
+            except TimeoutError:
+                return first
+            self._see(model, more[-1].metadata.num_pending or 0, time.monotonic())
+            return first + more
+        except TimeoutError:
+            self._see(model, 0, time.monotonic())
+            return []
+        except NatsError as exc:
+            log.warning("fetching requests failed: %r", exc)
+            await asyncio.sleep(timeout_s)
+            return []
