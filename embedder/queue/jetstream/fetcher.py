@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -69,19 +69,26 @@ Subscription = JetStreamContext.PullSubscription
 class Depth:
     """One model's queue as this worker last saw it: the requests waiting (not yet
     delivered to any worker; a handed-back one is not counted), when (monotonic
-    seconds), and the deadline of the last one fetched, the nearest sign of how urgent
-    the queue's head is."""
+    seconds), the deadline of the last one fetched (the nearest sign of how urgent the
+    queue's head is), and when this worker last took requests of it."""
 
     waiting: int
     seen_at: float
     head_deadline: float = math.inf
+    served_at: float = -math.inf
 
 
-def deepest(depths: Mapping[str, Depth]) -> str | None:
-    """The model to fetch from: the most requests waiting, the earliest head deadline
-    among equals; None when no model has any waiting."""
-    ranked = [(d.waiting, -d.head_deadline, m) for m, d in depths.items() if d.waiting > 0]
-    return max(ranked)[2] if ranked else None
+def deepest(depths: Mapping[str, Depth], now: float) -> str | None:
+    """The model to fetch from: the most waiting work, counted as requests waiting times
+    how long since this worker last served the model, so that a shallow queue's turn
+    comes too (by depth alone a worker would starve it while another stays deeper); then
+    the most requests, then the earliest head deadline. None when no model has any."""
+    ranked = [
+        (d.waiting * (now - d.served_at), d.waiting, -d.head_deadline, m)
+        for m, d in depths.items()
+        if d.waiting > 0
+    ]
+    return max(ranked)[3] if ranked else None
 
 
 class Fetcher:
@@ -125,7 +132,7 @@ class Fetcher:
     def saw_deadline(self, model: str, deadline: float) -> None:
         """The deadline of a request just fetched for ``model``: near its queue's head."""
         if (depth := self._depths.get(model)) is not None:
-            self._depths[model] = Depth(depth.waiting, depth.seen_at, deadline)
+            self._depths[model] = replace(depth, head_deadline=deadline)
 
     async def close(self) -> None:
         """Wait for the fetches still open (each ends by its own short timeout) and hand
@@ -154,7 +161,7 @@ class Fetcher:
         still open on the deepest: the wait collects it)."""
         now = time.monotonic()
         await self._refresh_depths([m for m in subs if self._stale(m, now)])
-        model = deepest({m: self._depths[m] for m in subs if m in self._depths})
+        model = deepest({m: self._depths[m] for m in subs if m in self._depths}, now)
         if model is None or model in self._fetching:
             return []
         return await self._fetch_one(model, subs[model], batch, PENDING_WAIT_S)
@@ -189,9 +196,11 @@ class Fetcher:
             else:
                 self._see(model, info.num_pending or 0, now)
 
-    def _see(self, model: str, waiting: int, now: float) -> None:
-        old = self._depths.get(model)
-        self._depths[model] = Depth(waiting, now, old.head_deadline if old else math.inf)
+    def _see(self, model: str, waiting: int, now: float, *, served: bool = False) -> None:
+        old = self._depths.get(model) or Depth(waiting, now)
+        self._depths[model] = replace(
+            old, waiting=waiting, seen_at=now, served_at=now if served else old.served_at
+        )
 
     # -- waiting on every model --------------------------------------------------------
 
@@ -276,7 +285,7 @@ class Fetcher:
             asked = time.monotonic()
             first = await sub.fetch(1, timeout=max(timeout_s, 0.001))
             waiting = first[-1].metadata.num_pending or 0
-            self._see(model, waiting, time.monotonic())
+            self._see(model, waiting, time.monotonic(), served=True)
             if batch <= len(first) or not self._pulling:
                 return first
             if waiting > 0:  # counted by the server, so asked for whatever the wait took
