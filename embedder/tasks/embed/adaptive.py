@@ -48,8 +48,9 @@ batches it bounded: after each delivery
 with the relative error clamped to [-1, 1] and ``full`` the share of the last
 ``batches`` that the budget bounded. With no full batch the budget bounded nothing
 and the factor is left alone. At saturation p50 is mostly queueing, which a smaller
-budget does not remove, so the factor's floor bounds what steering may cost in
-throughput; a lull relaxes it back toward 1 as it relaxes the wait toward 0.
+budget does not remove, so the factor's floor and the budget's own
+(``batching.MIN_EFFICIENCY``) bound what steering may cost in throughput; a lull
+relaxes the factor back toward 1 as it relaxes the wait toward 0.
 
 Gains (``Gains``): the wait is in seconds and at low load p50 moves by at most
 the change of the wait (the median job waits some share of it), so the

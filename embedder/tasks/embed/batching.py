@@ -185,6 +185,11 @@ def micro_batches(lengths: Sequence[int], max_tokens: int, max_sequences: int) -
 # not about to run) and then runs in its own, so two batches must fit the target.
 TARGET_SHARE = 0.5
 MIN_BUDGET_TOKENS = 16  # about one small request: a budget never shrinks below this
+# Nor below the batch whose fixed cost per pass is a tenth of its time: a smaller one
+# loses more throughput than that, and does so exactly when batches are full, that is
+# under load, where an overloaded device only falls further behind. A target that would
+# need smaller batches cannot be met under load on this device anyway.
+MIN_EFFICIENCY = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,21 +210,27 @@ class BatchCost:
             return math.inf if self.fixed_s <= seconds else -math.inf
         return (seconds - self.fixed_s) / self.per_token_s
 
+    def efficient_tokens(self, efficiency: float) -> float:
+        """The fewest tokens for which tokens take ``efficiency`` of a batch's time."""
+        if self.per_token_s <= 0:
+            return math.inf if self.fixed_s > 0 else 0.0
+        return self.fixed_s / self.per_token_s * efficiency / (1.0 - efficiency)
 
-def take_budget(
-    cost: BatchCost | None, limits: BatchLimits, factor: float = 1.0, ceiling: int | None = None
-) -> int:
+
+def take_budget(cost: BatchCost | None, limits: BatchLimits, factor: float = 1.0) -> int:
     """Tokens this device takes for one batch of a model: what one batch can run within
     ``TARGET_SHARE`` of the latency target at the measured pace, times ``factor`` (the
-    latency controller's, in (0, 1]), between ``MIN_BUDGET_TOKENS`` and ``ceiling`` (the
-    profile's ``max_tokens`` unless given). Untimed, or without a target, the bound is
-    the ceiling: a device 3x slower than another thus takes a third of what it takes."""
-    top = limits.max_tokens if ceiling is None else ceiling
-    bound: float = top
-    if cost is not None and limits.latency_target_s is not None:
-        bound = min(bound, cost.tokens_within(TARGET_SHARE * limits.latency_target_s))
+    latency controller's, in (0, 1]), at least ``MIN_BUDGET_TOKENS`` and what runs at
+    ``MIN_EFFICIENCY``, at most the profile's ``max_tokens``. Untimed, or without a
+    target, it is ``max_tokens``. Where the cost per token dominates, a device 3x slower
+    than another thus takes a third of what the other takes."""
+    top = limits.max_tokens
+    if cost is None or limits.latency_target_s is None:
+        return top
+    bound = min(top, cost.tokens_within(TARGET_SHARE * limits.latency_target_s))
+    floor = max(MIN_BUDGET_TOKENS, cost.efficient_tokens(MIN_EFFICIENCY))
     # A millionth of a token forgives float rounding (0.023 / 0.0001 is 229.99999...).
-    return max(min(MIN_BUDGET_TOKENS, top), int(factor * max(bound, 0.0) + 1e-6))
+    return int(min(top, max(floor, factor * bound)) + 1e-6)
 
 
 def late_jobs(

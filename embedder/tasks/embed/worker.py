@@ -11,7 +11,8 @@ and the device is never shared between two batches.
 What it takes is what this device can finish in time, measured, not configured: the
 runner's ``Pace`` learns each model's cost per pass and per token here, and a model
 with a latency target takes per batch (and per pull) what one batch can run in half of
-it (``batching.take_budget``, scaled by its controller, ``adaptive``). After a pull,
+it, though never batches so small that the fixed cost per pass dominates
+(``batching.take_budget``, scaled by its controller, ``adaptive``). After a pull,
 a job on its first delivery that would finish here only after its deadline, behind
 what the device already holds, is handed back to the queue at once, and so is a
 held job that would now only start too late (``batching.late_jobs``): a faster worker

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from embedder.core.jobs import ApiShape, Job
 from embedder.tasks.embed.batching import (
     MIN_BUDGET_TOKENS,
+    MIN_EFFICIENCY,
     TARGET_SHARE,
     BatchCost,
     BatchLimits,
@@ -549,19 +550,34 @@ def test_a_device_three_times_slower_takes_about_a_third() -> None:
     ("cost", "limits", "factor", "budget"),
     [
         (None, TARGETED, 1.0, 1000),  # untimed: the profile's budget
+        (None, TARGETED, 0.5, 1000),  # ... whatever the controller says
         (COST, replace(TARGETED, latency_target_s=None), 1.0, 1000),  # no target
         (BatchCost(0.0, 1e-9), TARGETED, 1.0, 1000),  # a fast device: capped by the profile
-        (BatchCost(1.0, 0.1), TARGETED, 1.0, MIN_BUDGET_TOKENS),  # nothing fits: the floor
-        (BatchCost(0.0, 1.0), replace(TARGETED, max_tokens=8), 1.0, 8),  # floor under cap
-        (COST, TARGETED, 0.5, 115),  # the controller's share of the pace's bound
-        (None, TARGETED, 0.5, 500),  # ... of the profile's while untimed
-        (COST, TARGETED, 0.01, MIN_BUDGET_TOKENS),
+        (BatchCost(0.0, 0.1), TARGETED, 1.0, MIN_BUDGET_TOKENS),  # nothing fits: the floor
+        (BatchCost(0.0, 1.0), replace(TARGETED, max_tokens=8), 1.0, 8),  # floor over the cap
+        (BatchCost(0.0, 0.00005), TARGETED, 0.5, 250),  # the controller's share of the bound
+        (BatchCost(0.0, 0.00005), TARGETED, 0.01, MIN_BUDGET_TOKENS),
+        (COST, TARGETED, 0.5, 180),  # not below what runs at MIN_EFFICIENCY
+        (BatchCost(1.0, 0.0), TARGETED, 1.0, 1000),  # tokens cost nothing: take them all
     ],
 )
-def test_the_budget_stays_between_the_floor_and_the_profile(
+def test_the_budget_stays_between_its_floors_and_the_profile(
     cost: BatchCost | None, limits: BatchLimits, factor: float, budget: int
 ) -> None:
     assert take_budget(cost, limits, factor) == budget
+
+
+def test_a_target_a_device_cannot_meet_under_load_does_not_starve_its_throughput() -> None:
+    # A 2-core CPU's fit: 6.7 ms a pass, 0.16 ms a token. Half of a 20 ms target holds
+    # 21 tokens, where the pass's fixed cost would be two thirds of the device's time;
+    # the budget stops where it is a tenth.
+    cpu = BatchCost(0.00669, 0.0001586)
+    limits = replace(TARGETED, max_tokens=8192, latency_target_s=0.020)
+    assert cpu.tokens_within(TARGET_SHARE * 0.020) == pytest.approx(20.9, abs=0.1)
+    budget = take_budget(cpu, limits)
+    assert budget == int(9 * 0.00669 / 0.0001586)
+    assert cpu.per_token_s * budget / cpu.seconds(budget) == pytest.approx(MIN_EFFICIENCY, abs=1e-3)
+    assert take_budget(cpu, limits, factor=0.5) == budget  # nor does the controller go lower
 
 
 def first_delivery(*jobs: Job) -> list[Job]:
