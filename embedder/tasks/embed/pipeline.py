@@ -54,6 +54,13 @@ log = logging.getLogger(__name__)
 Batch = tuple[Job, ...]
 
 
+def estimated(jobs: Sequence[Job]) -> int:
+    """The jobs' estimated tokens: the pace is measured in the currency the worker takes
+    and budgets in (the gateway's estimates, ``Job.est_tokens``), so the fit absorbs
+    whatever bias the estimate has against the tokenizer."""
+    return sum(job.est_tokens for job in jobs)
+
+
 class DeviceFit:
     """One model's cost on this device, learned from its batches: seconds in forward =
     ``fixed_s + per_token_s * tokens``, an exponentially weighted least-squares fit.
@@ -65,9 +72,9 @@ class DeviceFit:
 
     - Until the batches' sizes differ clearly (weighted spread under ``SPREAD`` of their
       mean size), the line through the origin: all the time is cost per token. Exact at
-      the sizes seen and an overestimate for larger batches, so a budget computed from
-      it takes at least as much as it has seen finish in time, and no more than that by
-      much; bigger batches then teach it the fixed cost.
+      the size seen and an overestimate for larger batches, so a budget from it never
+      falls below a size seen to run within the bound, and larger batches, once they
+      run, teach it the fixed cost.
     - Neither cost is ever negative (noise on nearly equal sizes can tilt a line that
       way): the fit is then the best one with that cost at 0 (non-negative least
       squares, the better of the two edges).
@@ -147,7 +154,8 @@ class Pace:
         self.prepare_s_per_token = new if old is None else old + self.SMOOTHING * (new - old)
 
     def cost(self, model: str) -> BatchCost | None:
-        """The model's batch cost here; None until one of its batches was timed."""
+        """The model's batch cost here; None until its batches were timed (the first is a
+        warm-up and does not count)."""
         fit = self.fits.get(model)
         return None if fit is None else fit.cost
 
@@ -251,12 +259,10 @@ class Pipeline:
             free += self._expected_s(self._ahead.jobs)
         return free
 
-    def _expected_s(self, jobs: Batch, tokens: int | None = None) -> float:
+    def _expected_s(self, jobs: Sequence[Job]) -> float:
         if not jobs:
             return 0.0
-        if tokens is None:
-            tokens = sum(job.est_tokens for job in jobs)
-        return self.pace.batch_s(jobs[0].model, tokens) or 0.0
+        return self.pace.batch_s(jobs[0].model, estimated(jobs)) or 0.0
 
     def shutdown(self) -> None:
         if self._finisher is not None:
@@ -277,17 +283,20 @@ class Pipeline:
                     continue
                 model = self.models[staged.jobs[0].model]
                 started, now = time.perf_counter(), self.clock()
-                self._busy_until = now + self._expected_s(staged.jobs, prepared.tokens)
+                running = [job for job, _, _ in prepared.items]
+                self._busy_until = now + self._expected_s(running)
                 forward = asyncio.ensure_future(self._forward(prepared, model))
-                await self._take_ahead(ready, forward, started, model.spec.name, prepared.tokens)
+                await self._take_ahead(ready, forward, started, model.spec.name, estimated(running))
                 try:
                     forwarded = await forward
                 except Exception as exc:  # forward_batch classifies model errors: a bug
                     log.exception("batch on %s crashed", model.spec.name)
                     error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
                     forwarded = Forwarded(prepared, None, error, 0, 0.0)
-                if forwarded.tokens:
-                    self.pace.timed_device(model.spec.name, forwarded.inference_s, forwarded.tokens)
+                if forwarded.tokens:  # a pass that failed says nothing of the pace
+                    self.pace.timed_device(
+                        model.spec.name, forwarded.inference_s, estimated(running)
+                    )
                 await self._finish_later(model, forwarded, now)
         finally:
             await cancel_and_wait(self._finisher)
@@ -326,7 +335,7 @@ class Pipeline:
             log.exception("preparing a batch on %s crashed", model.spec.name)
             error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
             return Prepared([], [(job, error) for job in jobs])
-        self.pace.timed_prepare(time.perf_counter() - start, prepared.tokens)
+        self.pace.timed_prepare(time.perf_counter() - start, estimated(jobs))
         return prepared
 
     async def _take_ahead(

@@ -523,10 +523,11 @@ async def test_jobs_far_from_their_deadlines_are_never_handed_back() -> None:
 
 
 async def test_a_job_this_device_would_finish_too_late_is_handed_back_once() -> None:
-    # 10 ms a token, one job a batch: about 50 ms a batch (five estimated tokens). Of three
-    # jobs due in 120 ms, the third would finish at about 150 ms: it goes back to the queue
-    # for a faster worker; back on its second delivery it is kept, and answered.
-    runtime = runtime_for("alpha", seconds_per_token=0.01)
+    # 20 ms a token, one job a batch: 80 ms a batch of four tokens, which the pace learns
+    # as about 67 ms for the five tokens each is estimated at. Of three jobs due in 170 ms,
+    # the third would finish at about 200 ms: it goes back to the queue for a faster
+    # worker; back on its second delivery it is kept, and answered.
+    runtime = runtime_for("alpha", seconds_per_token=0.02)
     queue = HandingBackQueue()
     client = Client(queue)
     one_each = BatchLimits(max_tokens=512, max_requests=1, max_wait_s=0.0)
@@ -535,7 +536,7 @@ async def test_a_job_this_device_would_finish_too_late_is_handed_back_once() -> 
             assert isinstance(await outcome(await client.embed("alpha", [text])), JobResult)
         await until(lambda: runtime.forwards_done == 2)
         sent = [
-            await client.send("alpha", {"inputs": [f"tight {i}"]}, timeout_s=0.12) for i in range(3)
+            await client.send("alpha", {"inputs": [f"tight {i}"]}, timeout_s=0.17) for i in range(3)
         ]
         outcomes = [await outcome(future) for _, future in sent]
     assert [(job.id, job.deliveries) for job in queue.handed_back] == [(sent[2][0].id, 1)]
@@ -546,7 +547,7 @@ async def test_a_job_this_device_would_finish_too_late_is_handed_back_once() -> 
 async def test_a_job_handed_back_goes_to_a_worker_waiting_for_work() -> None:
     # The slow worker waits for company, so right after handing the job back it pulls
     # again: a worker already waiting must get the job first.
-    slow, fast = runtime_for("alpha", seconds_per_token=0.01), runtime_for("alpha")
+    slow, fast = runtime_for("alpha", seconds_per_token=0.02), runtime_for("alpha")
     queue = HandingBackQueue()
     client = Client(queue)
     patient = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.05)
@@ -556,7 +557,7 @@ async def test_a_job_handed_back_goes_to_a_worker_waiting_for_work() -> None:
             assert isinstance(await outcome(await client.embed("alpha", [text])), JobResult)
         await until(lambda: slow.forwards_done == 2)
         queue.release.clear()
-        # About 50 ms here, and due in 40.
+        # About 67 ms here, and due in 40.
         tight, future = await client.send("alpha", {"inputs": ["tight"]}, timeout_s=0.04)
         await until(lambda: bool(queue.handed_back))  # held on its way back
         async with worker_for(queue, [fast], no_wait):
