@@ -2,7 +2,8 @@
 
 Per model, a heap ordered by urgency (earliest deadline first); a job's future
 is its entry in the waiters, so withdrawing a job is cancelling its future and
-the heaps drop it lazily when it reaches their head.
+the heaps drop it lazily when it reaches their head. A job a worker hands back goes
+onto its heap again, where it keeps its place: its deadline has not moved.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 import functools
 import heapq
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 
 from embedder.core.jobs import Job, JobResult
 from embedder.queue.protocol import Outcome, Partial, ReplyStream, resolve
@@ -78,6 +79,17 @@ class InProcessQueue:
                 except TimeoutError:
                     return []
             return take_within(self._heads(models), max_tokens)
+
+    async def hand_back(self, jobs: Sequence[Job]) -> None:
+        """Back onto their heaps at their own urgency, one delivery more, for whichever
+        puller comes next; a job withdrawn meanwhile is dropped (nobody waits for it)."""
+        async with self._available:
+            for job in jobs:
+                if job.id not in self._waiters:
+                    continue
+                again = dataclasses.replace(job, deliveries=job.deliveries + 1)
+                heapq.heappush(self._heaps.setdefault(job.model, []), (urgency(again), again))
+            self._available.notify_all()
 
     def _heads(self, models: Collection[str]) -> Iterator[Job]:
         """Live jobs most urgent first; each is popped only when the next one is asked

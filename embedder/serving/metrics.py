@@ -27,3 +27,10 @@ BATCH_WAIT_SECONDS = Gauge(
     "latency target, the wait its controller steers toward it.",
     ["model"],
 )
+BATCH_BUDGET_TOKENS = Gauge(
+    "flotilla_batch_budget_tokens",
+    "Tokens a worker takes for one batch now: max_batch_tokens, or where the model has a "
+    "latency target, what this device runs in half of it at its measured pace (never so "
+    "little that the fixed cost per pass takes over a tenth of the device's time).",
+    ["model"],
+)

@@ -1,4 +1,5 @@
-"""Adaptive batching: a model's batch wait steered toward a p50 latency target.
+"""Adaptive batching: a model's batch wait and batch budget steered toward a p50 latency
+target.
 
 The wait (``BatchLimits.max_wait_s``: how long a partial batch waits for company)
 buys company with latency. ``WaitController`` sets it from what the worker sees,
@@ -36,6 +37,21 @@ different regimes, so it is gated by the last ``batches`` formed batches:
   request after a lull runs at once and stale latencies from an old burst do
   not steer the next one.
 
+The budget: the worker takes, per batch, what its device can run in a share of the
+target at its measured pace (``batching.take_budget``); ``budget_factor`` in
+[``min_budget_factor``, 1] scales that bound for what the pace does not see (host
+work, delivery). Only full batches move it, the way the wait is moved only by the
+batches it bounded: after each delivery
+
+    budget_factor <- clamp(budget_factor * exp(kb * full * (target - p50) / target))
+
+with the relative error clamped to [-1, 1] and ``full`` the share of the last
+``batches`` that the budget bounded. With no full batch the budget bounded nothing
+and the factor is left alone. At saturation p50 is mostly queueing, which a smaller
+budget does not remove, so the factor's floor and the budget's own
+(``batching.MIN_EFFICIENCY``) bound what steering may cost in throughput; a lull
+relaxes the factor back toward 1 as it relaxes the wait toward 0.
+
 Gains (``Gains``): the wait is in seconds and at low load p50 moves by at most
 the change of the wait (the median job waits some share of it), so the
 integral's loop gain per step is at most ``ki``. The median lags the wait by
@@ -63,6 +79,9 @@ class Gains:
     kp: float = 0.1  # proportional: wait seconds per second of error
     ki: float = 0.05  # integral: wait seconds per second of error, per step
     lonely: float = 0.5  # pull per step, as a share of the target, when waiting gains nobody
+    # Log of the budget factor per step, per unit of relative error (full batches only):
+    # 0.05 halves the budget in about 14 batches at twice the target.
+    kb: float = 0.05
 
 
 def flushed_full(plan: BatchPlan, limits: Mapping[str, BatchLimits]) -> bool:
@@ -77,7 +96,8 @@ def flushed_full(plan: BatchPlan, limits: Mapping[str, BatchLimits]) -> bool:
 
 
 class WaitController:
-    """Steers one model's batch wait within [0, max_wait_s] toward ``target_s`` at p50."""
+    """Steers one model's batch wait within [0, max_wait_s], and the share of its pace's
+    budget it takes (``budget_factor``), toward ``target_s`` at p50."""
 
     def __init__(
         self,
@@ -89,6 +109,7 @@ class WaitController:
         batches: int = 16,
         idle_after_s: float = 1.0,
         initial_s: float = 0.0,
+        min_budget_factor: float = 0.5,
     ) -> None:
         if not target_s > 0:
             raise ValueError(f"the latency target must be positive, not {target_s}")
@@ -98,6 +119,8 @@ class WaitController:
             raise ValueError("the latency window and the batch history need at least one entry")
         if not idle_after_s > 0:
             raise ValueError(f"idle_after_s must be positive, not {idle_after_s}")
+        if not 0 < min_budget_factor <= 1:
+            raise ValueError(f"min_budget_factor must be in (0, 1], not {min_budget_factor}")
         self.target_s = target_s
         self.max_wait_s = max_wait_s
         self.gains = gains
@@ -106,6 +129,8 @@ class WaitController:
         self._formed: deque[tuple[bool, bool]] = deque(maxlen=batches)  # (company, full)
         self._integral = self._clamp(initial_s)
         self.wait_s = self._integral
+        self.min_budget_factor = min_budget_factor
+        self.budget_factor = 1.0  # of the budget the pace allows (batching.take_budget)
         self._last_delivery: float | None = None
         self._relaxed_until = -math.inf  # idle decay applied up to here
 
@@ -145,11 +170,22 @@ class WaitController:
         if not pinned:
             self._integral = self._clamp(self._integral + self.gains.ki * e)
         self.wait_s = self._clamp(self.gains.kp * e + self._integral)
+        self._steer_budget()
         return self.wait_s
+
+    def _steer_budget(self) -> None:
+        p50 = self.p50_s
+        if p50 is None or not self._formed:
+            return
+        full = sum(1 for _, bounded in self._formed if bounded) / len(self._formed)
+        relative = min(1.0, max(-1.0, (self.target_s - p50) / self.target_s))
+        factor = self.budget_factor * math.exp(self.gains.kb * full * relative)
+        self.budget_factor = min(1.0, max(self.min_budget_factor, factor))
 
     def idle(self, now: float) -> float:
         """Called while nothing is delivered: past ``idle_after_s`` since the last delivery,
-        the wait decays toward 0 and the stale history is dropped; the wait."""
+        the wait decays toward 0 (the budget factor toward 1) and the stale history is
+        dropped; the wait."""
         if self._last_delivery is None:
             return self.wait_s
         quiet_from = max(self._last_delivery + self.idle_after_s, self._relaxed_until)
@@ -161,7 +197,9 @@ class WaitController:
             # The error goes with its history, so the P term folds into the integral:
             # the decay starts from the wait in effect, without a jump.
             self._integral = self.wait_s
-        self._integral *= math.exp(-(now - quiet_from) / self.idle_after_s)
+        decay = math.exp(-(now - quiet_from) / self.idle_after_s)
+        self._integral *= decay
+        self.budget_factor = 1.0 - (1.0 - self.budget_factor) * decay
         self._relaxed_until = now
         self.wait_s = self._clamp(self._integral)
         return self.wait_s

@@ -6,6 +6,8 @@ No I/O, no hidden clock and no torch, so they can be tested exhaustively:
   ``pull`` and ``form_batch`` fill by it.
 - ``flush_delay`` and ``form_batch``: when the worker forms a batch, and which.
 - ``micro_batches``: how a runtime splits one batch into forward passes.
+- ``take_budget`` and ``late_jobs``: how much a worker takes at its device's measured
+  pace (``BatchCost``), and which jobs it cannot finish in time and hands back.
 
 Fairness: groups (model, adapter, task) compete by their most urgent job,
 earliest deadline first; a model whose limits mix adapters groups by (model,
@@ -46,6 +48,7 @@ def group_key(job: Job, limits: Mapping[str, BatchLimits]) -> GroupKey:
 class DropReason(enum.StrEnum):
     EXPIRED = "expired"
     CANCELLED = "cancelled"
+    HANDED_BACK = "handed_back"  # returned to the queue for a faster worker (late_jobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,3 +176,138 @@ def micro_batches(lengths: Sequence[int], max_tokens: int, max_sequences: int) -
     if current:
         passes.append(current)
     return passes
+
+
+# -- what a device can finish in time ----------------------------------------------------
+
+# One batch may take this share of a model's latency target: a job taken now waits for
+# the batch on the device (at most one budget's worth, since a worker holds nothing it is
+# not about to run) and then runs in its own, so two batches must fit the target.
+TARGET_SHARE = 0.5
+MIN_BUDGET_TOKENS = 16  # about one small request: a budget never shrinks below this
+# Nor below the batch whose fixed cost per pass is a tenth of its time: a smaller one
+# loses more throughput than that, and does so exactly when batches are full, that is
+# under load, where an overloaded device only falls further behind. A target that would
+# need smaller batches cannot be met under load on this device anyway.
+MIN_EFFICIENCY = 0.9
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCost:
+    """What a batch of one model costs on this device: ``fixed_s + per_token_s * tokens``
+    seconds (both at least 0), as the worker measured it."""
+
+    fixed_s: float
+    per_token_s: float
+
+    def seconds(self, tokens: int) -> float:
+        return self.fixed_s + self.per_token_s * tokens
+
+    def tokens_within(self, seconds: float) -> float:
+        """The most tokens one batch may hold to take at most ``seconds``: ``inf`` when
+        tokens cost nothing, negative when even the fixed cost does not fit."""
+        if self.per_token_s <= 0:
+            return math.inf if self.fixed_s <= seconds else -math.inf
+        return (seconds - self.fixed_s) / self.per_token_s
+
+    def efficient_tokens(self, efficiency: float) -> float:
+        """The fewest tokens for which tokens take ``efficiency`` of a batch's time."""
+        if self.per_token_s <= 0:
+            return math.inf if self.fixed_s > 0 else 0.0
+        return self.fixed_s / self.per_token_s * efficiency / (1.0 - efficiency)
+
+
+def take_budget(cost: BatchCost | None, limits: BatchLimits, factor: float = 1.0) -> int:
+    """Tokens this device takes for one batch of a model: what one batch can run within
+    ``TARGET_SHARE`` of the latency target at the measured pace, times ``factor`` (the
+    latency controller's, in (0, 1]), at least ``MIN_BUDGET_TOKENS`` and what runs at
+    ``MIN_EFFICIENCY``, at most the profile's ``max_tokens``. Untimed, or without a
+    target, it is ``max_tokens``. Where the cost per token dominates, a device 3x slower
+    than another thus takes a third of what the other takes."""
+    top = limits.max_tokens
+    if cost is None or limits.latency_target_s is None:
+        return top
+    bound = min(top, cost.tokens_within(TARGET_SHARE * limits.latency_target_s))
+    floor = max(MIN_BUDGET_TOKENS, cost.efficient_tokens(MIN_EFFICIENCY))
+    # A millionth of a token forgives float rounding (0.023 / 0.0001 is 229.99999...).
+    return int(min(top, max(floor, factor * bound)) + 1e-6)
+
+
+def late_jobs(
+    jobs: Sequence[Job],
+    costs: Mapping[str, BatchCost],
+    limits: Mapping[str, BatchLimits],
+    free_at: float,
+    *,
+    by_start: bool = False,
+) -> list[Job]:
+    """The jobs on their first delivery this device would finish (``by_start``: start)
+    only after their deadline, running ``jobs`` most urgent first, in batches within each
+    model's limits, once it is free of what it already runs (at ``free_at``).
+
+    A job's finish is ``free_at`` plus the device's time for every job at least as
+    urgent: each model's among them in the fewest batches its ``max_tokens`` and
+    ``max_requests`` allow, at its ``costs``; its start is that finish less its own
+    batch (the last of its model, or an average one if larger). The fewest batches can
+    only undercount passes (``form_batch`` runs a misfit in a pass of its own), so the
+    estimate errs toward keeping a job. Jobs of a model with
+    no cost (untimed) are never late and add nothing. A job on a later delivery is never
+    late: it was handed back once already, so it is run as best this device can.
+    Cheap when nothing is near: one pass bounds every finish by the finish of all, and
+    only when that passes the earliest deadline are the jobs sorted.
+    """
+    first = [job for job in jobs if job.deliveries <= 1 and job.model in costs]
+    if not first:
+        return []
+    totals: dict[str, tuple[int, int]] = {}  # per model: tokens, jobs
+    for job in jobs:
+        tokens, count = totals.get(job.model, (0, 0))
+        totals[job.model] = (tokens + job.est_tokens, count + 1)
+    all_s = sum(
+        _run_s(costs[model], limits[model], tokens, count)
+        for model, (tokens, count) in totals.items()
+        if model in costs
+    )
+    if free_at + all_s <= min(job.deadline for job in first):
+        return []
+    return _late_in_order(jobs, costs, limits, free_at, by_start)
+
+
+def _batches(limit: BatchLimits, tokens: int, count: int) -> int:
+    """How many batches at the least hold ``count`` jobs of ``tokens`` in all."""
+    by_tokens = math.ceil(tokens / max(1, limit.max_tokens))
+    return max(by_tokens, math.ceil(count / max(1, limit.max_requests)))
+
+
+def _run_s(cost: BatchCost, limit: BatchLimits, tokens: int, count: int) -> float:
+    """Seconds to run ``count`` jobs of ``tokens`` in all, in whole batches."""
+    return _batches(limit, tokens, count) * cost.fixed_s + cost.per_token_s * tokens
+
+
+def _late_in_order(
+    jobs: Sequence[Job],
+    costs: Mapping[str, BatchCost],
+    limits: Mapping[str, BatchLimits],
+    free_at: float,
+    by_start: bool,
+) -> list[Job]:
+    late: list[Job] = []
+    through: dict[str, tuple[int, int]] = {}  # per model: tokens and jobs up to this one
+    device_s = 0.0  # the device's time for all of them
+    for job in sorted(jobs, key=urgency):
+        cost = costs.get(job.model)
+        if cost is None:
+            continue
+        limit = limits[job.model]
+        tokens, count = through.get(job.model, (0, 0))
+        device_s -= _run_s(cost, limit, tokens, count)
+        tokens, count = through[job.model] = (tokens + job.est_tokens, count + 1)
+        device_s += _run_s(cost, limit, tokens, count)
+        when = free_at + device_s
+        if by_start:  # less its own batch: the last, or an average one, whichever is larger
+            batches = _batches(limit, tokens, count)
+            own = max(tokens - (batches - 1) * limit.max_tokens, tokens / batches)
+            when -= cost.fixed_s + cost.per_token_s * own
+        if job.deliveries <= 1 and when > job.deadline:
+            late.append(job)
+    return late

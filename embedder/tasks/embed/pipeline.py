@@ -14,12 +14,17 @@ frees (``Pace``, ``Handoff``): it then holds everything that arrived during batc
 forward, not only what was queued when N started, and a job withdrawn or expired
 meanwhile is never tokenized. Until both stages have been timed, the next batch is
 asked for as soon as a forward starts and prepared only when its turn comes.
+
+The same ``Pace`` is the device's measure for the worker: each model's cost per pass and
+per token, fitted from its forward passes (``DeviceFit``), sets how much the worker takes
+and when the device will be free of what it holds (``Pipeline.free_at``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from embedder.queue import JobPuller
 from embedder.serving import metrics
 from embedder.serving.thread import OneThread
 from embedder.serving.turns import DeviceTurns
+from embedder.tasks.embed.batching import BatchCost
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.execute import (
     BatchReport,
@@ -48,36 +54,123 @@ log = logging.getLogger(__name__)
 Batch = tuple[Job, ...]
 
 
-class Pace:
-    """Seconds per token of the device and of preparing, smoothed over batches; says how
-    long after a forward starts the next batch's preparation should begin."""
+def estimated(jobs: Sequence[Job]) -> int:
+    """The jobs' estimated tokens: the pace is measured in the currency the worker takes
+    and budgets in (the gateway's estimates, ``Job.est_tokens``), so the fit absorbs
+    whatever bias the estimate has against the tokenizer."""
+    return sum(job.est_tokens for job in jobs)
 
-    SMOOTHING = 0.2  # weight of the newest batch
+
+class DeviceFit:
+    """One model's cost on this device, learned from its batches: seconds in forward =
+    ``fixed_s + per_token_s * tokens``, an exponentially weighted least-squares fit.
+
+    Each batch's weight decays by ``MEMORY`` per newer batch (about the last 20 count),
+    so the fit follows a device that slows down (another process, heat) or speeds up.
+    The first batch, a warm-up, is left out. Two guards keep it sound before the data
+    can tell the two costs apart:
+
+    - Until the batches' sizes differ clearly (weighted spread under ``SPREAD`` of their
+      mean size), the line through the origin: all the time is cost per token. Exact at
+      the size seen and an overestimate for larger batches, so a budget from it never
+      falls below a size seen to run within the bound, and larger batches, once they
+      run, teach it the fixed cost.
+    - Neither cost is ever negative (noise on nearly equal sizes can tilt a line that
+      way): the fit is then the best one with that cost at 0 (non-negative least
+      squares, the better of the two edges).
+    """
+
+    MEMORY = 0.95
+    SPREAD = 0.1
+
+    def __init__(self) -> None:
+        # Weighted sums of 1, x, y, x*x, x*y, y*y (x tokens, y seconds).
+        self._w = self._x = self._y = self._xx = self._xy = self._yy = 0.0
+        self.cost: BatchCost | None = None
+        # A model's first pass pays for its warm-up (allocations, kernel choice, caches),
+        # often several passes' worth: it would skew the fit for a long while.
+        self._warm = False
+
+    def add(self, seconds: float, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        if not self._warm:
+            self._warm = True
+            return
+        m, x, y = self.MEMORY, float(tokens), seconds
+        self._w = m * self._w + 1.0
+        self._x = m * self._x + x
+        self._y = m * self._y + y
+        self._xx = m * self._xx + x * x
+        self._xy = m * self._xy + x * y
+        self._yy = m * self._yy + y * y
+        self.cost = self._fit()
+
+    def _fit(self) -> BatchCost:
+        through_origin = BatchCost(0.0, max(0.0, self._xy / self._xx))
+        mean_x, mean_y = self._x / self._w, self._y / self._w
+        var_x = self._xx / self._w - mean_x * mean_x
+        if var_x < (self.SPREAD * mean_x) ** 2:
+            return through_origin
+        per_token = (self._xy / self._w - mean_x * mean_y) / var_x
+        fixed = mean_y - per_token * mean_x
+        if per_token >= 0 and fixed >= 0:
+            return BatchCost(fixed, per_token)
+        flat = BatchCost(max(0.0, mean_y), 0.0)
+        return min((through_origin, flat), key=self._squared_error)
+
+    def _squared_error(self, cost: BatchCost) -> float:
+        a, b = cost.fixed_s, cost.per_token_s
+        return (
+            self._yy
+            - 2 * a * self._y
+            - 2 * b * self._xy
+            + a * a * self._w
+            + 2 * a * b * self._x
+            + b * b * self._xx
+        )
+
+
+class Pace:
+    """This device's measured pace: each model's batch cost (``DeviceFit``) and the host's
+    seconds per token of preparing, smoothed over batches. Says how long one batch takes
+    (``batch_s``) and how long after a forward starts the next batch's preparation
+    should begin (``lead_s``)."""
+
+    SMOOTHING = 0.2  # weight of the newest batch in the preparing pace
     SAFETY = 2.0  # prepare this many times the expected preparing time ahead: hosts vary
 
     def __init__(self) -> None:
-        self.device_s_per_token: float | None = None
+        self.fits: dict[str, DeviceFit] = {}
         self.prepare_s_per_token: float | None = None
 
-    @classmethod
-    def _smooth(cls, old: float | None, seconds: float, tokens: int) -> float | None:
-        if tokens <= 0:
-            return old
-        new = seconds / tokens
-        return new if old is None else old + cls.SMOOTHING * (new - old)
-
-    def timed_device(self, seconds: float, tokens: int) -> None:
-        self.device_s_per_token = self._smooth(self.device_s_per_token, seconds, tokens)
+    def timed_device(self, model: str, seconds: float, tokens: int) -> None:
+        self.fits.setdefault(model, DeviceFit()).add(seconds, tokens)
 
     def timed_prepare(self, seconds: float, tokens: int) -> None:
-        self.prepare_s_per_token = self._smooth(self.prepare_s_per_token, seconds, tokens)
+        if tokens <= 0:
+            return
+        new, old = seconds / tokens, self.prepare_s_per_token
+        self.prepare_s_per_token = new if old is None else old + self.SMOOTHING * (new - old)
 
-    def lead_s(self, running_tokens: int, next_tokens: int) -> float | None:
-        """Seconds after the start of a forward over ``running_tokens`` to start preparing
-        a batch of about ``next_tokens``; None while either stage is untimed."""
-        if self.device_s_per_token is None or self.prepare_s_per_token is None:
+    def cost(self, model: str) -> BatchCost | None:
+        """The model's batch cost here; None until its batches were timed (the first is a
+        warm-up and does not count)."""
+        fit = self.fits.get(model)
+        return None if fit is None else fit.cost
+
+    def batch_s(self, model: str, tokens: int) -> float | None:
+        """Seconds one batch of ``tokens`` of ``model`` takes here; None while untimed."""
+        cost = self.cost(model)
+        return None if cost is None else cost.seconds(tokens)
+
+    def lead_s(self, model: str, running_tokens: int, next_tokens: int) -> float | None:
+        """Seconds after the start of a forward over ``running_tokens`` of ``model`` to
+        start preparing a batch of about ``next_tokens``; None while either stage is
+        untimed."""
+        device_s = self.batch_s(model, running_tokens)
+        if device_s is None or self.prepare_s_per_token is None:
             return None
-        device_s = self.device_s_per_token * running_tokens
         return max(0.0, device_s - self.SAFETY * self.prepare_s_per_token * next_tokens)
 
 
@@ -152,10 +245,24 @@ class Pipeline:
         self._running: Batch = ()  # being prepared, on the device, or waiting to finish
         self._finishing: Batch = ()  # being encoded and delivered
         self._finisher: asyncio.Task[None] | None = None
+        self._busy_until = -math.inf  # (clock) when the running batch should leave the device
 
     def held(self) -> list[Job]:
         ahead = self._ahead.jobs if self._ahead is not None else ()
         return [*self._finishing, *self._running, *ahead]
+
+    def free_at(self, now: float) -> float:
+        """When (clock) the device should be done with the batches it has taken: the
+        running one, then the one taken ahead, at the measured pace (untimed: no time)."""
+        free = max(now, self._busy_until)
+        if self._ahead is not None:
+            free += self._expected_s(self._ahead.jobs)
+        return free
+
+    def _expected_s(self, jobs: Sequence[Job]) -> float:
+        if not jobs:
+            return 0.0
+        return self.pace.batch_s(jobs[0].model, estimated(jobs)) or 0.0
 
     def shutdown(self) -> None:
         if self._finisher is not None:
@@ -170,21 +277,26 @@ class Pipeline:
             while True:
                 staged, self._ahead = self._ahead or _Staged(await ready.take()), None
                 self._running = staged.jobs
+                self._busy_until = self.clock() + self._expected_s(staged.jobs)
                 prepared = await self._prepared(staged)
                 if prepared is None:
                     continue
                 model = self.models[staged.jobs[0].model]
                 started, now = time.perf_counter(), self.clock()
+                running = [job for job, _, _ in prepared.items]
+                self._busy_until = now + self._expected_s(running)
                 forward = asyncio.ensure_future(self._forward(prepared, model))
-                await self._take_ahead(ready, forward, started, prepared.tokens)
+                await self._take_ahead(ready, forward, started, model.spec.name, estimated(running))
                 try:
                     forwarded = await forward
                 except Exception as exc:  # forward_batch classifies model errors: a bug
                     log.exception("batch on %s crashed", model.spec.name)
                     error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
                     forwarded = Forwarded(prepared, None, error, 0, 0.0)
-                if forwarded.tokens:
-                    self.pace.timed_device(forwarded.inference_s, forwarded.tokens)
+                if forwarded.tokens:  # a pass that failed says nothing of the pace
+                    self.pace.timed_device(
+                        model.spec.name, forwarded.inference_s, estimated(running)
+                    )
                 await self._finish_later(model, forwarded, now)
         finally:
             await cancel_and_wait(self._finisher)
@@ -223,7 +335,7 @@ class Pipeline:
             log.exception("preparing a batch on %s crashed", model.spec.name)
             error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
             return Prepared([], [(job, error) for job in jobs])
-        self.pace.timed_prepare(time.perf_counter() - start, prepared.tokens)
+        self.pace.timed_prepare(time.perf_counter() - start, estimated(jobs))
         return prepared
 
     async def _take_ahead(
@@ -231,12 +343,13 @@ class Pipeline:
         ready: Handoff,
         forward: asyncio.Future[Forwarded],
         started: float,
+        running_model: str,
         running_tokens: int,
     ) -> None:
         """While the device runs: ask for the next batch when the pace says (about this
         one's size is the guess for the next), so it is formed and prepared as the device
         frees."""
-        lead = self.pace.lead_s(running_tokens, running_tokens)
+        lead = self.pace.lead_s(running_model, running_tokens, running_tokens)
         if lead is not None:
             delay = started + lead - time.perf_counter()
             if delay > 0:

@@ -1,4 +1,4 @@
-"""The worker: pulls jobs when it has room, forms its own batches, runs them.
+"""The worker: pulls what its device can finish in time, forms its own batches, runs them.
 
 One worker per device, serving every model packed on that device. Two tasks:
 the *former* pulls from the shared queue and forms the next batch when the
@@ -7,6 +7,16 @@ batch is in flight and the next is formed from everything queued by then. The ru
 decodes, tokenizes and encodes on a host thread and runs forward passes on a device
 thread, one batch's host work beside another's forward: the event loop never blocks
 and the device is never shared between two batches.
+
+What it takes is what this device can finish in time, measured, not configured: the
+runner's ``Pace`` learns each model's cost per pass and per token here, and a model
+with a latency target takes per batch (and per pull) what one batch can run in half of
+it, though never batches so small that the fixed cost per pass dominates
+(``batching.take_budget``, scaled by its controller, ``adaptive``). After a pull,
+a job on its first delivery that would finish here only after its deadline, behind
+what the device already holds, is handed back to the queue at once, and so is a
+held job that would now only start too late (``batching.late_jobs``): a faster worker
+pulls it next. A job on a later delivery is kept and run as best this device can.
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from embedder.tasks.embed.batching import (
     DropReason,
     flush_delay,
     form_batch,
+    late_jobs,
+    take_budget,
 )
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.execute import LoadedModel
@@ -53,22 +65,25 @@ class Worker(Lifecycle):
         self.models = dict(models)
         self.request_limits = request_limits
         self.clock = clock
-        self.limits: dict[str, BatchLimits] = {}
-        # Models with a latency target: their wait in self.limits comes from these.
-        self._steering: dict[str, WaitController] = {}
-        for name, m in self.models.items():
-            self._set_limits(name, m.limits)
-        # What one pull may bring: the biggest batch budget. More would sit here while the
-        # batch runs, where on a shared queue a free worker could have run it.
-        self.capacity_tokens = max(m.limits.max_tokens for m in self.models.values())
         self._ready = Handoff()
         self._pipeline = Pipeline(
             queue, self.models, request_limits, clock, self._delivered, turns=turns
         )
+        # Each model's limits as batches are formed: the profile's, with the wait and the
+        # token budget steered where the model has a latency target.
+        self.limits: dict[str, BatchLimits] = {}
+        # Models with a latency target: their wait and budget come from these.
+        self._steering: dict[str, WaitController] = {}
+        # What one pull may bring: the biggest batch budget. More would sit here while the
+        # batch runs, where on a shared queue a free worker could have run it.
+        self.capacity_tokens = 0
+        for name, m in self.models.items():
+            self._set_limits(name, m.limits)
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: list[Job] = []
         # Batches out of _pending but not delivered: stop() must fail these too.
         self._forming: tuple[Job, ...] = ()  # formed, not yet handed to the runner
+        self._handing_back: list[Job] = []  # out of _pending, on their way to the queue
 
     async def start(self) -> None:
         if self._tasks:
@@ -82,8 +97,14 @@ class Worker(Lifecycle):
         """Stop pulling; fail whatever was pulled but not run, so nothing hangs."""
         tasks, self._tasks = self._tasks, []
         await cancel_and_wait(*tasks)
-        leftovers = [*self._pipeline.held(), *self._forming, *self._pending, *self._ready.drain()]
-        self._pending, self._forming = [], ()
+        leftovers = [
+            *self._pipeline.held(),
+            *self._forming,
+            *self._pending,
+            *self._handing_back,
+            *self._ready.drain(),
+        ]
+        self._pending, self._forming, self._handing_back = [], (), []
         self._pipeline.shutdown()
         for job in leftovers:  # completing a job already delivered is a no-op
             await self.queue.complete(
@@ -98,9 +119,8 @@ class Worker(Lifecycle):
         name = model.spec.name
         self.models[name] = model
         self._set_limits(name, model.limits)
-        self.capacity_tokens = max(self.capacity_tokens, model.limits.max_tokens)
 
-    # -- adaptive wait ----------------------------------------------------
+    # -- adaptive wait and budget -------------------------------------------
 
     def _set_limits(self, name: str, limits: BatchLimits) -> None:
         if limits.latency_target_s is not None:
@@ -109,11 +129,18 @@ class Worker(Lifecycle):
         self._steer(name)
 
     def _steer(self, name: str) -> None:
-        """The model's limits take its controller's current wait (if it has one)."""
+        """The model's limits take its controller's current wait (if it has one) and the
+        budget its device can run in time at the measured pace (``take_budget``)."""
+        profile = self.models[name].limits
         controller = self._steering.get(name)
+        wait, factor = profile.max_wait_s, 1.0
         if controller is not None:
-            self.limits[name] = replace(self.limits[name], max_wait_s=controller.wait_s)
-        metrics.BATCH_WAIT_SECONDS.labels(name).set(self.limits[name].max_wait_s)
+            wait, factor = controller.wait_s, controller.budget_factor
+        budget = take_budget(self._pipeline.pace.cost(name), profile, factor)
+        self.limits[name] = replace(self.limits[name], max_wait_s=wait, max_tokens=budget)
+        self.capacity_tokens = max(limits.max_tokens for limits in self.limits.values())
+        metrics.BATCH_WAIT_SECONDS.labels(name).set(wait)
+        metrics.BATCH_BUDGET_TOKENS.labels(name).set(budget)
 
     def _delivered(self, name: str, jobs: Sequence[Job]) -> None:
         """Each delivered job's latency as the worker sees it (enqueued to delivered)."""
@@ -148,7 +175,11 @@ class Worker(Lifecycle):
                     self.queue, list(self.models), room, min(delay, IDLE_POLL_S)
                 )
                 self._pending.extend(pulled)
+                if pulled:  # what this device would finish too late, a faster one may not
+                    await self._hand_back_late(pulled, self.clock(), by_start=False)
                 continue
+            # Held while others ran: what would now only start too late goes back too.
+            await self._hand_back_late(self._pending, now, by_start=True)
             plan = form_batch(
                 self._pending,
                 self.limits,
@@ -167,3 +198,34 @@ class Worker(Lifecycle):
                 self._note_formed(plan)
                 await self._ready.give(plan.batch)
             self._forming = ()
+
+    async def _hand_back_late(self, among: Sequence[Job], now: float, *, by_start: bool) -> None:
+        """Hand back those of ``among`` (on their first delivery, not yet expired) that
+        this device would finish, or ``by_start`` start, only after their deadline at its
+        pace, behind everything it holds (``late_jobs``); a faster worker pulls them next.
+        Nothing near its deadline: one pass over the pending jobs, no await."""
+        pace = self._pipeline.pace
+        costs = {name: cost for name in self.models if (cost := pace.cost(name)) is not None}
+        free_at = self._pipeline.free_at(now)
+        late = late_jobs(self._pending, costs, self.limits, free_at, by_start=by_start)
+        if not late:
+            return
+        candidates = {job.id for job in among}
+        late = [job for job in late if job.id in candidates and job.deadline > now]
+        if not late:
+            return
+        leaving = {job.id for job in late}
+        self._pending = [job for job in self._pending if job.id not in leaving]
+        self._handing_back = late
+        try:
+            await self.queue.hand_back(late)
+        except Exception:  # a queue's hiccup: run them late rather than lose them
+            log.exception("handing back %d late jobs failed; keeping them", len(late))
+            self._pending.extend(late)
+        else:
+            for job in late:
+                metrics.JOBS.labels(job.model, DropReason.HANDED_BACK.value).inc()
+        self._handing_back = []  # not on cancellation: stop() then fails them
+        # Let a worker already waiting on this queue pull them first: this one's next
+        # pull would otherwise take them straight back (on a later delivery, to keep).
+        await asyncio.sleep(0)

@@ -159,6 +159,45 @@ async def test_a_withdrawn_job_does_not_wake_a_puller() -> None:
     assert await queue.pull(["alpha"], max_tokens=100, timeout_s=0.02) == []
 
 
+async def test_a_job_handed_back_is_pulled_again_in_its_place_one_delivery_later() -> None:
+    queue = InProcessQueue()
+    for i in range(3):
+        await queue.put(job(f"j{i}", deadline_in_s=10 + i))
+    taken = await queue.pull(["alpha"], max_tokens=20, timeout_s=0)
+    assert ids(taken) == ["j0", "j1"] and [j.deliveries for j in taken] == [1, 1]
+    await queue.hand_back(taken)
+    again = await queue.pull(["alpha"], max_tokens=1_000, timeout_s=0)
+    assert ids(again) == ["j0", "j1", "j2"]  # its deadline did not move: neither did its place
+    assert [j.deliveries for j in again] == [2, 2, 1]
+    await queue.hand_back(again[:1])
+    assert [j.deliveries for j in await queue.pull(["alpha"], 100, 0)] == [3]
+
+
+async def test_a_job_handed_back_wakes_a_waiting_puller() -> None:
+    queue = InProcessQueue()
+    await queue.put(job("j"))
+    taken = await queue.pull(["alpha"], max_tokens=100, timeout_s=0)
+    waiting = asyncio.create_task(queue.pull(["alpha"], max_tokens=100, timeout_s=WAIT_S))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    await queue.hand_back(taken)
+    assert ids(await asyncio.wait_for(waiting, WAIT_S)) == ["j"]
+
+
+async def test_a_job_withdrawn_or_answered_before_its_hand_back_is_dropped() -> None:
+    queue = InProcessQueue()
+    gone = await queue.put(job("gone"))
+    await queue.put(job("done"))
+    await queue.put(job("kept"))
+    taken = await queue.pull(["alpha"], max_tokens=100, timeout_s=0)
+    gone.cancel()
+    await asyncio.sleep(0)
+    await queue.complete("done", result())
+    await queue.hand_back(taken)
+    assert ids(await queue.pull(["alpha"], max_tokens=100, timeout_s=0)) == ["kept"]
+    assert queue.depth()["alpha"] == 0
+
+
 async def test_complete_delivers_the_result() -> None:
     queue = InProcessQueue()
     future = await queue.put(job("j"))

@@ -5,7 +5,8 @@ hold; withdrawal of what the shared queue gave up on."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 
 from embedder.core.errors import DeadlineExceeded, FlotillaError
 from embedder.core.jobs import Job, JobResult
@@ -54,7 +55,14 @@ class SharedQueue:
     def cancelled(self, job_ids: Iterable[str]) -> set[str]:
         return {job_id for job_id in job_ids if job_id not in self.held}
 
-    def hand_back(self, job_id: str) -> None:
+    async def hand_back(self, jobs: Sequence[Job]) -> None:
+        """The worker's hand-back: waiting again, one delivery more, unless answered."""
+        back = [replace(j, deliveries=j.deliveries + 1) for j in jobs if j.id in self.held]
+        for j in back:
+            del self.held[j.id]
+        self.add(*back)
+
+    def give_to_another(self, job_id: str) -> None:
         """Another worker takes it (as after a drain past its timeout)."""
         del self.held[job_id]
 
@@ -120,9 +128,17 @@ async def test_a_job_handed_back_is_withdrawn_and_never_runs() -> None:
     shared = SharedQueue([job("kept"), job("gone")])
     async with relay(shared, local):
         await eventually(lambda: not shared.waiting, "both relayed", WAIT_S)
-        shared.hand_back("gone")
+        shared.give_to_another("gone")
         await eventually(lambda: "gone" in local.cancelled(["gone"]), "withdrawn", WAIT_S)
         assert ids(await local.pull(["alpha"], 100, WAIT_S)) == ["kept"]
+
+
+async def test_the_fake_shared_queue_takes_back_what_a_worker_hands_back() -> None:
+    shared = SharedQueue([job("a"), job("b")])
+    taken = await shared.pull(["alpha"], 100, 0)
+    await shared.complete("b", result())
+    await shared.hand_back(taken)
+    assert [(j.id, j.deliveries) for j in shared.waiting] == [("a", 2)]
 
 
 async def test_a_failing_pull_is_retried_and_stop_keeps_a_pull_in_flight() -> None:

@@ -1,5 +1,5 @@
-"""WaitController: step responses, anti-windup, idle decay, bounds over random histories;
-flushed_full; and the controller in a worker with a fake clock."""
+"""WaitController: step responses, anti-windup, idle decay, the budget factor, bounds over
+random histories; flushed_full; and the controller in a worker with a fake clock."""
 
 from __future__ import annotations
 
@@ -188,6 +188,67 @@ def test_each_lull_decays_from_its_own_start() -> None:
     assert after_first == pytest.approx(MAX_WAIT * math.exp(-2.0))
 
 
+# -- the budget factor -----------------------------------------------------------------
+
+
+def test_batches_the_budget_did_not_bound_leave_the_budget_alone() -> None:
+    c = controller()
+    for latency in (10 * TARGET, SERVICE, 3 * TARGET):
+        for _ in range(50):
+            step(c, latency, full=False)
+        assert c.budget_factor == 1.0
+
+
+def test_full_batches_over_target_shrink_the_budget_to_its_floor_and_not_below() -> None:
+    c = controller()
+    factors = []
+    for _ in range(200):
+        step(c, 3 * TARGET, full=True)
+        factors.append(c.budget_factor)
+    assert all(b <= a for a, b in pairwise([1.0, *factors]))
+    assert factors[0] == pytest.approx(math.exp(-GAINS.kb))  # relative error clamped at -1
+    assert factors[-1] == c.min_budget_factor == 0.5
+
+
+def test_full_batches_under_target_grow_the_budget_back_to_the_pace_bound() -> None:
+    c = controller()
+    for _ in range(200):
+        step(c, 3 * TARGET, full=True)
+    for _ in range(32):  # the window now holds only latencies under target
+        step(c, TARGET / 2, full=True)
+    grown = c.budget_factor
+    assert grown > c.min_budget_factor
+    for _ in range(200):
+        step(c, TARGET / 2, full=True)
+    assert c.budget_factor == 1.0
+
+
+def test_the_budget_moves_by_the_share_of_full_batches() -> None:
+    all_full, half_full = controller(), controller()
+    for i in range(10):
+        step(all_full, 2 * TARGET, full=True)
+        step(half_full, 2 * TARGET, full=i % 2 == 0)
+    # At twice the target the relative error is -1: each step moves the log by kb x share.
+    assert math.log(all_full.budget_factor) == pytest.approx(-10 * GAINS.kb)
+    shares = [math.ceil((i + 1) / 2) / (i + 1) for i in range(10)]  # full, half, 2/3, ...
+    assert math.log(half_full.budget_factor) == pytest.approx(-GAINS.kb * sum(shares))
+
+
+def test_a_lull_relaxes_the_budget_back_toward_the_pace_bound() -> None:
+    c = controller(idle_after_s=1.0)
+    for i in range(100):
+        c.formed(4, True)
+        c.delivered([3 * TARGET] * 4, now=i * 0.01)
+    shrunk = c.budget_factor
+    assert shrunk == 0.5
+    last = 99 * 0.01
+    assert c.idle(last + 0.5) is not None and c.budget_factor == shrunk  # not yet a lull
+    c.idle(last + 2.0)
+    assert c.budget_factor == pytest.approx(1 - (1 - shrunk) * math.exp(-1.0))
+    c.idle(last + 20.0)
+    assert c.budget_factor == pytest.approx(1.0, abs=1e-6)
+
+
 # -- bounds and inputs -----------------------------------------------------------------
 
 
@@ -219,6 +280,7 @@ def test_the_wait_stays_within_zero_and_max_wait_whatever_happens(
             wait = c.delivered([latency] * requests, now)
         assert 0.0 <= wait <= MAX_WAIT
         assert wait == c.wait_s
+        assert c.min_budget_factor <= c.budget_factor <= 1.0
 
 
 def test_no_data_means_no_error() -> None:
@@ -244,6 +306,8 @@ def test_gains_scale_the_step() -> None:
         ((0.01, -1.0), {}, "max_wait must not be negative"),
         ((0.01, 0.01), {"window": 0}, "at least one entry"),
         ((0.01, 0.01), {"idle_after_s": 0.0}, "idle_after_s must be positive"),
+        ((0.01, 0.01), {"min_budget_factor": 0.0}, "min_budget_factor must be in"),
+        ((0.01, 0.01), {"min_budget_factor": 1.5}, "min_budget_factor must be in"),
     ],
 )
 def test_bad_settings_are_refused(

@@ -7,18 +7,25 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from embedder.core.jobs import ApiShape, Job
 from embedder.tasks.embed.batching import (
+    MIN_BUDGET_TOKENS,
+    MIN_EFFICIENCY,
+    TARGET_SHARE,
+    BatchCost,
     BatchLimits,
     BatchPlan,
     DropReason,
     flush_delay,
     form_batch,
+    late_jobs,
+    take_budget,
     take_within,
 )
 
@@ -509,3 +516,193 @@ def test_take_within_caps_requests_and_leaves_the_rest_unread() -> None:
     read.clear()
     assert ids(take_within(lazily(), 2)) == ["j0", "j1"]
     assert read == ["j0", "j1", "j2"]  # j2 was looked at and left: it did not fit
+
+
+# -- what a device can finish in time ------------------------------------------------------
+
+COST = BatchCost(fixed_s=0.002, per_token_s=0.0001)  # 2 ms a pass, 10k tokens a second
+TARGETED = BatchLimits(max_tokens=1000, max_requests=64, max_wait_s=0.0, latency_target_s=0.05)
+
+
+def test_a_batch_cost_is_a_line_and_its_inverse() -> None:
+    assert COST.seconds(100) == pytest.approx(0.012)
+    assert COST.tokens_within(0.012) == pytest.approx(100)
+    assert COST.tokens_within(0.001) < 0  # not even the fixed cost fits
+    assert BatchCost(0.002, 0.0).tokens_within(0.01) == math.inf
+    assert BatchCost(0.002, 0.0).tokens_within(0.001) == -math.inf
+
+
+def test_the_budget_is_what_one_batch_runs_in_its_share_of_the_target() -> None:
+    # Half of 50 ms is 25 ms: 2 ms fixed, then 230 tokens at 0.1 ms.
+    assert TARGET_SHARE == 0.5
+    assert take_budget(COST, TARGETED) == 230
+
+
+def test_a_device_three_times_slower_takes_about_a_third() -> None:
+    fast = BatchCost(0.0, 0.00002)
+    slow = BatchCost(0.0, 0.00006)
+    limits = replace(TARGETED, max_tokens=100_000)
+    assert take_budget(fast, limits) == 1250
+    assert take_budget(slow, limits) == 416
+
+
+@pytest.mark.parametrize(
+    ("cost", "limits", "factor", "budget"),
+    [
+        (None, TARGETED, 1.0, 1000),  # untimed: the profile's budget
+        (None, TARGETED, 0.5, 1000),  # ... whatever the controller says
+        (COST, replace(TARGETED, latency_target_s=None), 1.0, 1000),  # no target
+        (BatchCost(0.0, 1e-9), TARGETED, 1.0, 1000),  # a fast device: capped by the profile
+        (BatchCost(0.0, 0.1), TARGETED, 1.0, MIN_BUDGET_TOKENS),  # nothing fits: the floor
+        (BatchCost(0.0, 1.0), replace(TARGETED, max_tokens=8), 1.0, 8),  # floor over the cap
+        (BatchCost(0.0, 0.00005), TARGETED, 0.5, 250),  # the controller's share of the bound
+        (BatchCost(0.0, 0.00005), TARGETED, 0.01, MIN_BUDGET_TOKENS),
+        (COST, TARGETED, 0.5, 180),  # not below what runs at MIN_EFFICIENCY
+        (BatchCost(1.0, 0.0), TARGETED, 1.0, 1000),  # tokens cost nothing: take them all
+    ],
+)
+def test_the_budget_stays_between_its_floors_and_the_profile(
+    cost: BatchCost | None, limits: BatchLimits, factor: float, budget: int
+) -> None:
+    assert take_budget(cost, limits, factor) == budget
+
+
+def test_a_target_a_device_cannot_meet_under_load_does_not_starve_its_throughput() -> None:
+    # A 2-core CPU's fit: 6.7 ms a pass, 0.16 ms a token. Half of a 20 ms target holds
+    # 21 tokens, where the pass's fixed cost would be two thirds of the device's time;
+    # the budget stops where it is a tenth.
+    cpu = BatchCost(0.00669, 0.0001586)
+    limits = replace(TARGETED, max_tokens=8192, latency_target_s=0.020)
+    assert cpu.tokens_within(TARGET_SHARE * 0.020) == pytest.approx(20.9, abs=0.1)
+    budget = take_budget(cpu, limits)
+    assert budget == int(9 * 0.00669 / 0.0001586)
+    assert cpu.per_token_s * budget / cpu.seconds(budget) == pytest.approx(MIN_EFFICIENCY, abs=1e-3)
+    assert take_budget(cpu, limits, factor=0.5) == budget  # nor does the controller go lower
+
+
+def first_delivery(*jobs: Job) -> list[Job]:
+    return list(jobs)
+
+
+def again(j: Job) -> Job:
+    return replace(j, deliveries=2)
+
+
+def reference_late(
+    jobs: Sequence[Job],
+    costs: Mapping[str, BatchCost],
+    limits: Mapping[str, BatchLimits],
+    free_at: float,
+    by_start: bool,
+) -> list[str]:
+    """The documented rule, spelled out slowly: each job's finish is ``free_at`` plus the
+    fewest batches of every job at least as urgent; its start, less its own batch."""
+    ordered = sorted(jobs, key=urgency_key)
+    late = []
+    for i, j in enumerate(ordered):
+        if j.model not in costs:
+            continue
+        device_s = 0.0
+        for model, cost in costs.items():
+            mine = [k for k in ordered[: i + 1] if k.model == model]
+            tokens = sum(k.est_tokens for k in mine)
+            limit = limits[model]
+            batches = max(
+                math.ceil(tokens / limit.max_tokens), math.ceil(len(mine) / limit.max_requests)
+            )
+            device_s += batches * cost.fixed_s + cost.per_token_s * tokens
+            if model == j.model:
+                own = max(tokens - (batches - 1) * limit.max_tokens, tokens / batches)
+        when = free_at + device_s
+        if by_start:
+            when -= costs[j.model].fixed_s + costs[j.model].per_token_s * own
+        if j.deliveries == 1 and when > j.deadline:
+            late.append(j.id)
+    return late
+
+
+@st.composite
+def timelines(
+    draw: st.DrawFn,
+) -> tuple[list[Job], dict[str, BatchCost], dict[str, BatchLimits], float]:
+    rows = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(MODELS),
+                st.integers(1, 300),
+                st.integers(0, 40),  # deadline, in quarter seconds from NOW
+                st.integers(0, 2),  # priority
+                st.integers(1, 3),  # deliveries
+            ),
+            max_size=25,
+        )
+    )
+    jobs = [
+        replace(
+            job(f"j{i:02d}", model=m, tokens=t, deadline=NOW + d / 4, priority=p),
+            deliveries=n,
+        )
+        for i, (m, t, d, p, n) in enumerate(rows)
+    ]
+    costs = {
+        m: BatchCost(draw(st.sampled_from([0.0, 0.01, 0.3])), draw(st.sampled_from([0.0, 1e-3])))
+        for m in MODELS
+        if draw(st.booleans())  # some models untimed
+    }
+    limits = {
+        m: BatchLimits(draw(st.integers(1, 400)), draw(st.integers(1, 8)), 0.0) for m in MODELS
+    }
+    return jobs, costs, limits, NOW + draw(st.integers(0, 8)) / 4
+
+
+@settings(max_examples=300, deadline=None)
+@given(timelines(), st.booleans())
+def test_late_jobs_follow_the_documented_timeline(
+    timeline: tuple[list[Job], dict[str, BatchCost], dict[str, BatchLimits], float],
+    by_start: bool,
+) -> None:
+    jobs, costs, limits, free_at = timeline
+    late = late_jobs(jobs, costs, limits, free_at, by_start=by_start)
+    assert ids(late) == reference_late(jobs, costs, limits, free_at, by_start)
+    assert all(j.deliveries == 1 and j.model in costs for j in late)
+    if by_start:  # what starts too late also finishes too late
+        assert set(ids(late)) <= set(ids(late_jobs(jobs, costs, limits, free_at)))
+
+
+def test_a_job_this_device_would_finish_after_its_deadline_is_late() -> None:
+    costs = {"alpha": BatchCost(0.0, 0.01)}  # 10 ms a token
+    limits = limits_for(max_tokens=100)
+    tight = job("tight", tokens=10, deadline=NOW + 0.05)  # 100 ms here, 50 ms to go
+    easy = job("easy", tokens=10, deadline=NOW + 30)
+    assert late_jobs([tight, easy], costs, limits, NOW) == [tight]
+    assert late_jobs([again(tight), easy], costs, limits, NOW) == []  # bounced once already
+    assert late_jobs([tight, easy], {"beta": BatchCost(0.0, 1.0)}, limits, NOW) == []  # untimed
+    # It would still start in time: a holder keeps it.
+    assert late_jobs([tight, easy], costs, limits, NOW, by_start=True) == []
+
+
+def test_the_device_busy_until_later_makes_more_jobs_late() -> None:
+    costs = {"alpha": BatchCost(0.005, 0.0)}  # 5 ms a pass whatever its size
+    limits = limits_for(max_tokens=100)
+    jobs = [job(f"j{i}", tokens=50, deadline=NOW + 0.008 + i * 1e-6) for i in range(3)]
+    # Batches of 100 tokens: j0 and j1 share the first (0-5 ms), j2 runs in the next.
+    assert ids(late_jobs(jobs, costs, limits, NOW)) == ["j2"]
+    assert ids(late_jobs(jobs, costs, limits, NOW + 0.004)) == ["j0", "j1", "j2"]
+    # By start: the first batch still starts in time (4 ms), the second does not (9 ms).
+    assert ids(late_jobs(jobs, costs, limits, NOW + 0.004, by_start=True)) == ["j2"]
+
+
+def test_the_request_limit_counts_batches_too() -> None:
+    costs = {"alpha": BatchCost(0.005, 0.0)}
+    one_each = limits_for(max_tokens=1000, max_requests=1)
+    jobs = [job(f"j{i}", tokens=1, deadline=NOW + 0.012 + i * 1e-6) for i in range(3)]
+    assert ids(late_jobs(jobs, costs, one_each, NOW)) == ["j2"]  # 5, 10, 15 ms
+
+
+def test_a_more_urgent_job_of_another_model_runs_first_and_counts() -> None:
+    costs = {"alpha": BatchCost(0.0, 0.001), "beta": BatchCost(0.0, 0.001)}
+    limits = limits_for(max_tokens=1000)
+    urgent = job("urgent", model="beta", tokens=50, deadline=NOW + 0.06)
+    mine = job("mine", model="alpha", tokens=20, deadline=NOW + 0.065)
+    assert ids(late_jobs([mine, urgent], costs, limits, NOW)) == ["mine"]  # 50 + 20 ms
+    assert late_jobs([mine], costs, limits, NOW) == []

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from embedder.core.errors import (
     DeadlineExceeded,
@@ -448,6 +449,124 @@ async def test_a_flood_of_one_model_does_not_starve_another() -> None:
     # except those topping up the one flood batch that still held older flood requests.
     assert len(overtook) < limits.max_requests, overtook
     assert latency < WAIT_S / 2
+
+
+# -- what this device can finish in time -------------------------------------------------
+
+
+class HandingBackQueue(InProcessQueue):
+    """The in-process queue, noting every job a worker hands back; a test may hold the
+    hand-back until it opens ``release``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed_back: list[Job] = []
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def hand_back(self, jobs: Sequence[Job]) -> None:
+        self.handed_back.extend(jobs)
+        await self.release.wait()
+        await super().hand_back(jobs)
+
+
+def budget_gauge(model: str) -> float | None:
+    return REGISTRY.get_sample_value("flotilla_batch_budget_tokens", {"model": model})
+
+
+async def test_a_slower_device_takes_a_smaller_budget_for_the_same_latency_target() -> None:
+    # Half of the 200 ms target is what one batch may take: 100 ms, about 1000 tokens on
+    # the fast device (0.1 ms a token), a third of that on the slow one. Batches of
+    # several sizes let the fit tell the cost per pass from the cost per token.
+    target = BatchLimits(max_tokens=4096, max_requests=16, max_wait_s=0.0, latency_target_s=0.2)
+    budgets = {}
+    for name, seconds_per_token in (("fast-device", 1e-4), ("slow-device", 3e-4)):
+        runtime = runtime_for(name, seconds_per_token=seconds_per_token)
+        queue = InProcessQueue()
+        worker = worker_for(queue, [runtime], target)
+        assert worker.limits[name].max_tokens == 4096  # untimed: the profile's budget
+        async with worker:
+            for words in (5, 60, 20, 40, 10, 50, 30, 60, 5, 45):
+                text = " ".join(f"w{k}" for k in range(words))
+                assert isinstance(await outcome(await Client(queue).embed(name, [text])), JobResult)
+            budgets[name] = worker.limits[name].max_tokens
+        assert worker.capacity_tokens == budgets[name]
+        assert budget_gauge(name) == budgets[name]
+    assert budgets["fast-device"] == pytest.approx(1000, rel=0.3)
+    assert budgets["slow-device"] / budgets["fast-device"] == pytest.approx(1 / 3, rel=0.3)
+
+
+async def test_a_model_without_a_target_keeps_its_profiles_budget() -> None:
+    runtime = runtime_for("untargeted", seconds_per_token=1e-3)
+    queue = InProcessQueue()
+    worker = worker_for(queue, [runtime])
+    async with worker:
+        for i in range(3):
+            assert isinstance(
+                await outcome(await Client(queue).embed("untargeted", [f"t {i}"])), JobResult
+            )
+    assert worker.limits["untargeted"] == FAST
+    assert worker.capacity_tokens == FAST.max_tokens
+    assert budget_gauge("untargeted") == FAST.max_tokens
+
+
+async def test_jobs_far_from_their_deadlines_are_never_handed_back() -> None:
+    runtime = runtime_for("alpha", seconds_per_token=1e-3)
+    queue = HandingBackQueue()
+    client = Client(queue)
+    async with worker_for(queue, [runtime]):
+        for _ in range(3):
+            futures = [await client.embed("alpha", [f"job {i}"]) for i in range(8)]
+            outcomes = [await outcome(f) for f in futures]
+            assert all(isinstance(o, JobResult) for o in outcomes), outcomes
+    assert queue.handed_back == []
+
+
+async def test_a_job_this_device_would_finish_too_late_is_handed_back_once() -> None:
+    # 20 ms a token, one job a batch: 80 ms a batch of four tokens, which the pace learns
+    # as about 67 ms for the five tokens each is estimated at. Of three jobs due in 170 ms,
+    # the third would finish at about 200 ms: it goes back to the queue for a faster
+    # worker; back on its second delivery it is kept, and answered.
+    runtime = runtime_for("alpha", seconds_per_token=0.02)
+    queue = HandingBackQueue()
+    client = Client(queue)
+    one_each = BatchLimits(max_tokens=512, max_requests=1, max_wait_s=0.0)
+    async with worker_for(queue, [runtime], one_each):
+        for text in ("time", "the device"):
+            assert isinstance(await outcome(await client.embed("alpha", [text])), JobResult)
+        await until(lambda: runtime.forwards_done == 2)
+        sent = [
+            await client.send("alpha", {"inputs": [f"tight {i}"]}, timeout_s=0.17) for i in range(3)
+        ]
+        outcomes = [await outcome(future) for _, future in sent]
+    assert [(job.id, job.deliveries) for job in queue.handed_back] == [(sent[2][0].id, 1)]
+    assert all(isinstance(o, JobResult | DeadlineExceeded) for o in outcomes), outcomes
+    assert all(isinstance(o, JobResult) for o in outcomes[:2]), outcomes
+
+
+async def test_a_job_handed_back_goes_to_a_worker_waiting_for_work() -> None:
+    # The slow worker waits for company, so right after handing the job back it pulls
+    # again: a worker already waiting must get the job first.
+    slow, fast = runtime_for("alpha", seconds_per_token=0.02), runtime_for("alpha")
+    queue = HandingBackQueue()
+    client = Client(queue)
+    patient = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.05)
+    no_wait = BatchLimits(max_tokens=512, max_requests=16, max_wait_s=0.0)
+    async with worker_for(queue, [slow], patient):
+        for text in ("time", "the device"):
+            assert isinstance(await outcome(await client.embed("alpha", [text])), JobResult)
+        await until(lambda: slow.forwards_done == 2)
+        queue.release.clear()
+        # About 67 ms here, and due in 40.
+        tight, future = await client.send("alpha", {"inputs": ["tight"]}, timeout_s=0.04)
+        await until(lambda: bool(queue.handed_back))  # held on its way back
+        async with worker_for(queue, [fast], no_wait):
+            await asyncio.sleep(0.01)  # the fast worker now waits for work
+            queue.release.set()
+            answer = await outcome(future)
+    assert [(job.id, job.deliveries) for job in queue.handed_back] == [(tight.id, 1)]
+    assert isinstance(answer, JobResult | DeadlineExceeded), answer
+    assert "tight" in fast.seen and "tight" not in slow.seen
 
 
 # -- stopping --------------------------------------------------------------------------
