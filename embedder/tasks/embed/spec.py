@@ -21,7 +21,10 @@ class EncoderProfile(Profile):
         gt=0,
         description="Steer the wait for a fuller batch toward this p50 latency, between 0 "
         "and max_wait_ms, instead of always waiting max_wait_ms: one client gets near "
-        "single-request latency, many get full batches. None keeps the fixed wait.",
+        "single-request latency, many get full batches. It also sizes what the worker takes: "
+        "per batch what this device runs in half of it at its measured pace (never so "
+        "little that the fixed cost per pass dominates, at most max_batch_tokens), so a "
+        "slower device takes less. None keeps the fixed wait and max_batch_tokens.",
     )
     max_batch_tokens: int = Field(
         default=8192, gt=0, description="Estimated tokens the worker takes per batch."
