@@ -392,8 +392,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=None,
         metavar="JSON",
-        help='the simulation\'s ideal pull per workload, {"hetero": {"max_load": 0.9}}, '
-        "printed beside the measured pull",
+        help="the simulation's max loads per workload (bench.cluster.scale_ideal's form) "
+        "to print beside the measured ones; by default the run's fleet is simulated",
     )
     p.add_argument("--out", default="cluster_scale")
     p.add_argument("--out-dir", type=Path, default=None)
@@ -420,8 +420,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(tables(data))
     if args.simulated is not None:
-        simulated = json.loads(args.simulated.read_text(encoding="utf-8"))
-        print("\n" + beside_simulated(data["summary"], simulated))
+        data["simulated"] = json.loads(args.simulated.read_text(encoding="utf-8"))
+    elif "simulated" not in data and "args" in data:  # the same fleet, simulated
+        from bench.cluster.scale_ideal import simulate_run
+
+        data["simulated"] = simulate_run(data)
+    print("\n" + beside_simulated(data["summary"], data.get("simulated")))
     out_dir = args.out_dir or report.results_dir()
     path = out_dir / f"{args.out}.json"
     path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")

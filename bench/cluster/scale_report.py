@@ -171,23 +171,35 @@ def tables(data: dict[str, Any]) -> str:
 def beside_simulated(
     summary: dict[str, Any], simulated: Mapping[str, Mapping[str, Any]] | None = None
 ) -> str:
-    """The measured pull beside the simulation's ideal pull, per workload.
+    """The measured max loads beside the simulation's for the same fleet, per workload
+    and K: pull, and the best push policy.
 
-    ``simulated`` maps a workload to the simulation's result for the same fleet (its
-    devices and hosting): ``{"max_load": float, "tokens_per_s": float}`` (either may be
-    missing). None or empty: nothing is simulated yet, and each line says so."""
+    ``simulated`` maps a workload to ``bench.cluster.scale_ideal.simulate_run``'s result:
+    ``{"pull": load, "push": {K: {mode: load}}, "approximated": what it left out}`` (any
+    part may be missing). None or empty: nothing is simulated, and each line says so."""
     simulated = simulated or {}
-    lines = ["measured pull beside the simulated ideal pull (max load at the target):"]
+    lines = ["max load at the target, measured beside simulated (an ideal queue, no host path):"]
     for workload, w in summary.items():
         if workload == "host_path":
             continue
         sim = simulated.get(workload, {})
-        sim_load = _fmt(sim.get("max_load")) if sim else "not simulated"
         for k, g in w["by_gateways"].items():
             pull = next((v for m, v in g["modes"].items() if m.startswith("pull")), None)
-            real = _fmt(pull["load"]) if pull else "not run"
-            lines.append(f"  {workload:<10} K={k:<3} real {real:>5}   simulated {sim_load}")
+            push = [v["load"] for m, v in g["modes"].items() if not m.startswith("pull")]
+            sim_push = list(sim.get("push", {}).get(str(k), {}).values())
+            lines.append(
+                f"  {workload:<10} K={k:<3} pull real {_fmt(pull['load'] if pull else None):>5}"
+                f"  simulated {_fmt(sim.get('pull')) if sim else 'not simulated':>5}"
+                f"   best push real {_fmt(_best(push)):>5}  simulated {_fmt(_best(sim_push)):>5}"
+            )
+        if sim.get("approximated"):
+            lines.append(f"  {'':<10} (simulated: {sim['approximated']})")
     return "\n".join(lines)
+
+
+def _best(loads: Sequence[float | None]) -> float | None:
+    found = [x for x in loads if x is not None]
+    return max(found) if found else None
 
 
 def plot(data: dict[str, Any], path: Path) -> None:

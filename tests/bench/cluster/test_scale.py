@@ -293,8 +293,11 @@ def test_the_summary_takes_the_highest_load_within_the_target_per_k_and_the_rati
     data["summary"] = s
     printed = scale_report.tables(data)
     assert "pull / best push: 2.10" in printed and "K=4" in printed
-    beside = scale_report.beside_simulated(s, {"small": {"max_load": 1.2}})
-    assert "real  1.00   simulated 1.20" in beside
+    beside = scale_report.beside_simulated(s, {"small": {"pull": 1.2, "push": {"4": {"rr": 0.4}}}})
+    assert (
+        "K=1   pull real  1.00  simulated  1.20   best push real  0.50  simulated   n/a" in beside
+    )
+    assert "K=4   pull real" in beside and "simulated  0.40" in beside
     assert "not simulated" in scale_report.beside_simulated(s)
 
 
@@ -323,11 +326,11 @@ def test_a_saved_run_is_summarized_again_beside_the_simulation(
         "runs": [_run("hetero", "pull (jetstream)", 0.8, 1000, 800, k=4)],
     }
     (tmp_path / "saved.json").write_text(json.dumps(saved))
-    (tmp_path / "sim.json").write_text(json.dumps({"hetero": {"max_load": 0.95}}))
+    (tmp_path / "sim.json").write_text(json.dumps({"hetero": {"pull": 0.95}}))
     argv = ["--summarize", str(tmp_path / "saved.json"), "--simulated", str(tmp_path / "sim.json"),
             "--out-dir", str(tmp_path)]  # fmt: skip
     assert scale.main(argv) == 0
-    assert "hetero     K=4   real  0.80   simulated 0.95" in capsys.readouterr().out
+    assert "hetero     K=4   pull real  0.80  simulated  0.95" in capsys.readouterr().out
 
 
 @pytest.mark.slow
@@ -351,3 +354,28 @@ def test_a_tiny_run_at_scale_serves_both_ways_through_two_entry_points(
         assert run["gateways"] == 2 and run["ok"] > 0, run
         assert run["load"] == pytest.approx(0.8) and len(run["busy"]) == 2
     assert data["summary"]["hetero"]["by_gateways"]["2"]["modes"]
+
+
+def test_the_run_s_fleet_is_simulated_beside_it() -> None:
+    """The simulation gets the run's fleet: its slowdowns, hosting (names to indices),
+    p99 target, K routers and wall refresh; on devices 1x and 4x the paced ideal pull
+    reaches a higher load than round-robin, which ignores speed."""
+    from bench.cluster.scale_ideal import simulate_run
+
+    data = {
+        "args": {"device": "cpu", "seed": 7, "gateways": [2], "policies": ["rr"]},
+        "device": {"scale": 1.0, "refresh_ms_wall": [50.0]},
+        "workloads": {
+            "hetero": {
+                "n_requests": 3000,
+                "models": ["m0"],
+                "slowdowns": [1.0, 4.0],
+                "hosting": {"0": ["m0"], "1": ["m0"]},
+                "p99_target_ms": 400.0,
+            }
+        },
+    }
+    result = simulate_run(data)["hetero"]
+    rr = result["push"]["2"]["rr R=50ms"]
+    assert result["pull"] > rr
+    assert result["approximated"] is None
