@@ -178,7 +178,10 @@ def beside_simulated(
     ``{"pull": load, "push": {K: {mode: load}}, "approximated": what it left out}`` (any
     part may be missing). None or empty: nothing is simulated, and each line says so."""
     simulated = simulated or {}
-    lines = ["max load at the target, measured beside simulated (an ideal queue, no host path):"]
+    lines = [
+        "max load at the target, measured beside simulated (an ideal queue, no host path;"
+        " the simulation searches loads up to 1.0):"
+    ]
     for workload, w in summary.items():
         if workload == "host_path":
             continue
