@@ -126,6 +126,11 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_seconds(roles: dict[str, list[int]]) -> dict[str, float]:
+    """CPU seconds so far of each role's processes, summed per role."""
+    return {role: sum(process_cpu_s(pid) for pid in pids) for role, pids in roles.items()}
+
+
 class CpuMeter:
     """CPU use of the machine, of our processes and of everything else, over a span."""
 

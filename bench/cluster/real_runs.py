@@ -34,10 +34,6 @@ async def embed(session: aiohttp.ClientSession, url: str, body: bytes) -> Any:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
-def cpu_seconds(roles: dict[str, list[int]]) -> dict[str, float]:
-    return {role: sum(report.process_cpu_s(pid) for pid in pids) for role, pids in roles.items()}
-
-
 async def run_mode(
     session: aiohttp.ClientSession,
     cluster: Cluster,
@@ -59,7 +55,7 @@ async def run_mode(
     if args.wait_quiet_s > 0:
         await asyncio.to_thread(report.wait_for_quiet, args.wait_quiet_s)
     level = served.Level(concurrency=concurrency)
-    before_cpu = cpu_seconds(roles)
+    before_cpu = report.cpu_seconds(roles)
     meter = report.CpuMeter(
         [pid for role, pids in roles.items() if role != "client" for pid in pids]
     )
@@ -69,7 +65,7 @@ async def run_mode(
         session, f"{url}/v1/embeddings", plan, level, args.duration_s, args.max_requests, offset
     )
     level.cpu = meter.result()
-    after_cpu = cpu_seconds(roles)
+    after_cpu = report.cpu_seconds(roles)
     cluster.children.check()
     after = await _batches(session, counted)
     level.batches, level.batch_requests, level.batch_tokens = (

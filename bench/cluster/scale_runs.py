@@ -87,10 +87,6 @@ async def _scrape(session: aiohttp.ClientSession, side: Side) -> list[float]:
     return list(await asyncio.gather(*(one(u) for u in side.metrics_urls)))
 
 
-def _cpu(roles: dict[str, list[int]]) -> dict[str, float]:
-    return {role: sum(report.process_cpu_s(p) for p in pids) for role, pids in roles.items()}
-
-
 async def measure(
     session: aiohttp.ClientSession,
     cluster: Cluster,
@@ -106,11 +102,11 @@ async def measure(
     rate = load * cluster.capacity_rps
     await open_loop(session, urls, requests.sends(rate, WARM_S, cluster.target_ms, k), WARM_S)
     sends = requests.sends(rate, args.duration_s, cluster.target_ms, k)
-    before, cpu0, t0 = await _scrape(session, side), _cpu(roles), time.perf_counter()
+    before, cpu0, t0 = await _scrape(session, side), report.cpu_seconds(roles), time.perf_counter()
     meter = report.CpuMeter([p for pids in roles.values() for p in pids])
     result = await open_loop(session, urls, sends, args.duration_s)
     wall = time.perf_counter() - t0
-    after, cpu1 = await _scrape(session, side), _cpu(roles)
+    after, cpu1 = await _scrape(session, side), report.cpu_seconds(roles)
     cluster.children.check()
     result.update(
         workload=requests.name,
