@@ -41,10 +41,16 @@ def model_for(fleet: Fleet, name: str | None, task: str, doing: str) -> ModelSpe
 
 def routing_fields(body: bytes) -> tuple[str | None, str | None]:
     routing = decode_struct(body, _Routing)
-    model, adapter = routing.model, routing.adapter
-    if model and adapter is None:  # "base:adapter", as the OpenAI route allows
-        model, adapter = split_model(model)
-    return model or None, adapter or None
+    return requested(routing.model, routing.adapter)
+
+
+def requested(model: str | None, adapter: str | None) -> tuple[str | None, str | None]:
+    """The model and adapter a body names, ``"base:adapter"`` split as the OpenAI route
+    allows. Only an absent field means "the default": a name given empty or blank stays a
+    name, which the fleet refuses with the list of its models."""
+    if model is not None and adapter is None:
+        return split_model(model)
+    return model, adapter
 
 
 def default_model(fleet: Fleet, task: str) -> ModelSpec:

@@ -24,14 +24,14 @@ from starlette.types import Receive, Scope, Send
 
 from embedder.core.errors import DeadlineExceeded, FlotillaError, InvalidRequest
 from embedder.core.fleet import Fleet, entry_as
-from embedder.core.jobs import Job, JobResult, Task, split_model
+from embedder.core.jobs import Job, JobResult, Task
 from embedder.core.rawjson import decode_struct, estimate_tokens
 from embedder.queue import JobSubmitter, Partial, ReplyStream, StreamingSubmitter
 from embedder.tasks.generate.requests import Routing, check_n, max_new_tokens
 from embedder.tasks.generate.spec import GenerateSpec
 from gateway import metrics
 from gateway.admission import Admission
-from gateway.annotate import model_for
+from gateway.annotate import model_for, requested
 from gateway.config import GatewayConfig
 from gateway.errors import ClientGone
 
@@ -61,9 +61,9 @@ class GenerateRoute:
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         fields = decode_struct(body, Routing)
         check_n(fields.n)
-        model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
+        model, adapter = requested(fields.model, fields.adapter)
         spec = model_for(gateway.fleet, model, Task.GENERATE, "generate text")
-        if adapter or fields.adapter:
+        if adapter is not None:
             raise InvalidRequest(
                 f"model {spec.name!r} serves no adapters: generation runs base models only"
             )

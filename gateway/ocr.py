@@ -13,10 +13,10 @@ from __future__ import annotations
 from starlette.requests import Request
 
 from embedder.core.errors import InvalidRequest, LimitExceeded
-from embedder.core.jobs import ApiShape, Job, JobResult, Task, split_model
+from embedder.core.jobs import ApiShape, Job, JobResult, Task
 from embedder.core.rawjson import decode_struct
 from embedder.tasks.ocr.api import BASE64_RATIO, Routing, check_routing, estimate_tokens
-from gateway.annotate import model_for
+from gateway.annotate import model_for, requested
 from gateway.generate import Gateway
 
 
@@ -26,9 +26,9 @@ class OcrRoute:
 
     async def job(self, gateway: Gateway, request: Request, body: bytes, now: float) -> Job:
         fields = decode_struct(body, Routing)
-        model, adapter = split_model(fields.model) if fields.model else (None, fields.adapter)
+        model, adapter = requested(fields.model, fields.adapter)
         spec = model_for(gateway.fleet, model, Task.OCR, "read documents")
-        if adapter or fields.adapter:
+        if adapter is not None:
             raise InvalidRequest(f"model {spec.name!r} serves no adapters: OCR runs base models")
         config = gateway.config
         check_routing(fields, config.ocr.max_pages)

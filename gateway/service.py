@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
@@ -246,9 +247,12 @@ class Gateway:
         try:
             value = float(asked) / 1e3
         except ValueError:
-            raise InvalidRequest(f"x-request-timeout-ms must be a number, got {asked!r}") from None
-        if value <= 0:
-            raise InvalidRequest("x-request-timeout-ms must be positive")
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):  # nan and inf parse as floats
+            raise InvalidRequest(
+                f"x-request-timeout-ms must be a finite positive number of milliseconds, "
+                f"got {asked!r}"
+            )
         return min(value, limit)
 
     @staticmethod

@@ -74,9 +74,10 @@ class ModelStates(Protocol):
 
 
 def split_model(name: str) -> tuple[str, str | None]:
-    """``"base:adapter"`` -> (base, adapter); a plain name has no adapter."""
-    base, _, adapter = name.partition(":")
-    return base, adapter or None
+    """``"base:adapter"`` -> (base, adapter); a plain name has no adapter. ``"base:"``
+    names an empty adapter, kept so that it is refused rather than read as the base."""
+    base, colon, adapter = name.partition(":")
+    return base, adapter if colon else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -303,6 +303,31 @@ async def test_unknown_model_openai_shape(stack: Stack, path: str, body: object)
     assert ALL_MODELS in str(error["message"])
 
 
+@pytest.mark.parametrize("name", ["", " ", "\t", ":", "-", "...", "alpha ", " alpha"])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/embeddings", {"input": "x"}),
+        ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+        ("/embed", {"inputs": "x"}),
+    ],
+)
+async def test_a_blank_or_punctuation_model_is_404_never_the_default(
+    stack: Stack, path: str, body: dict[str, object], name: str
+) -> None:
+    response = await stack.client.post(path, json={**body, "model": name})
+    assert response.status_code == 404, response.text
+    assert ALL_MODELS in response.text  # the message lists the fleet
+    assert stack.queue.jobs == []  # nothing was answered by the default model
+
+
+async def test_an_empty_adapter_after_the_colon_is_refused_not_the_base(stack: Stack) -> None:
+    response = await stack.client.post("/v1/embeddings", json={"model": "alpha:", "input": "x"})
+    assert response.status_code == 404, response.text
+    assert "adapter ''" in str(openai_error(response)["message"])
+    assert stack.queue.jobs == []
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [
@@ -467,7 +492,12 @@ async def test_bad_bodies_are_422_with_a_useful_message(
     ("header", "value", "hint"),
     [
         ("x-request-timeout-ms", "soon", "x-request-timeout-ms"),
-        ("x-request-timeout-ms", "-5", "positive"),
+        ("x-request-timeout-ms", "-5", "x-request-timeout-ms must be a finite positive"),
+        ("x-request-timeout-ms", "0", "x-request-timeout-ms must be a finite positive"),
+        ("x-request-timeout-ms", "nan", "x-request-timeout-ms must be a finite positive"),
+        ("x-request-timeout-ms", "inf", "x-request-timeout-ms must be a finite positive"),
+        ("x-request-timeout-ms", "-inf", "x-request-timeout-ms must be a finite positive"),
+        ("x-request-timeout-ms", "1e400", "x-request-timeout-ms must be a finite positive"),
         ("x-priority", "high", "x-priority"),
     ],
 )
