@@ -64,6 +64,15 @@ class JetStreamConfig(BaseModel):
         "one's open fetch): higher tolerates more, lower stops a request that kills workers "
         "sooner.",
     )
+    publish_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias="nats_publish_timeout_s",
+        description="How long a gateway waits for the stream to confirm a request before "
+        "answering 503 with Retry-After (the broker is down or stalled). Higher rides out a "
+        "slower broker; lower tells clients sooner. A request the broker cannot be reached "
+        "for at all is refused at once.",
+    )
     nak_delay_ms: int = Field(
         default=20,
         ge=0,
