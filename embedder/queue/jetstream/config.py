@@ -36,7 +36,7 @@ class JetStreamConfig(BaseModel):
         validation_alias="nats_storage",
         description="Where the stream keeps requests: 'file' survives a server restart and "
         "costs a disk write per request; 'memory' is faster and loses the queued requests "
-        "when the server restarts (their clients get 504).",
+        "when the server restarts (gateways publish again those they still wait for).",
     )
     ack_wait_s: float = Field(
         default=10.0,
