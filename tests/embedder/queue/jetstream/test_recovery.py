@@ -2,8 +2,8 @@
 nats-servers: a liveness bucket deleted under a running fleet is made again and the
 fleet seen again; a server killed and restarted (memory storage: it loses every stream,
 consumer and the bucket) is answered by a prompt 503 while down, then everything is
-made again and the jobs waited for are answered; a stalled server's silence becomes a
-503 within the publish bound, not a wait for the deadline."""
+made again, the jobs waited for are answered and withdrawals still arrive; a stalled
+server's silence becomes a 503 within the publish bound, not a wait for the deadline."""
 
 from __future__ import annotations
 
@@ -129,6 +129,11 @@ async def test_a_killed_server_is_a_prompt_503_then_the_queue_is_whole_again(
         async with asyncio.timeout(WAIT_S):
             answers = [(await f).body for f in (held, queued, fresh)]
         assert answers == [b"held", b"queued", b"fresh"]
+        # The core subscriptions came back with the client: a withdrawal still arrives.
+        gone = await submitter.put(job("gone"))
+        assert await pull_until(puller, 1) == ["gone"]
+        gone.cancel()
+        await eventually(lambda: puller.cancelled(["gone"]) == {"gone"}, "withdrawn", WAIT_S)
         assert submitter.depth() == {}
         nc = await nats.connect(own_server.url)
         try:
