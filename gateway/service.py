@@ -266,6 +266,10 @@ class Gateway:
     def check_ready(self, model: str) -> None:
         state = self.states.state(model)
         if state == "loading":
+            # A view of remote workers says why none is heard (the broker is unreachable).
+            reason = self.states.describe(model).get("reason")
+            if reason:
+                raise NotReady(f"model {model!r} has no live worker in view: {reason}")
             raise NotReady(f"model {model!r} is still loading; retry shortly")
         if state == "failed":
             raise NotReady(f"model {model!r} failed to load; see the server log", retry_after_s=60)

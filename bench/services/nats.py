@@ -48,7 +48,8 @@ def _free_port() -> int:
 
 class NatsServer:
     """start()/stop() are idempotent; a context manager. halt() and resume() freeze the
-    process (SIGSTOP/SIGCONT): an outage without losing the store."""
+    process (SIGSTOP/SIGCONT): an outage without losing the store; kill() and restart()
+    crash it (SIGKILL) and start it again on the same port and store."""
 
     def __init__(self, *, start_timeout_s: float = 15.0) -> None:
         self.start_timeout_s = start_timeout_s
@@ -88,32 +89,55 @@ class NatsServer:
             f"max_payload: {MAX_PAYLOAD_BYTES}\n"
             f'jetstream {{ store_dir: "{self._dir / "store"}" }}\n'
         )
-        assert self.log_path is not None
+        atexit.register(self.stop)
+        self._launch()
+        self.start_s = time.perf_counter() - started
+        return self
+
+    def _launch(self) -> None:
+        """The server on this object's port and store, waited for until ready."""
+        assert self._dir is not None and self.log_path is not None
+        # The log outlives a kill(): only what this run writes says it is ready.
+        log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._process = subprocess.Popen(
             [str(nats_server_binary()), "-a", HOST, "-p", str(self._port), "-js",
-             "-c", str(config), "-l", str(self.log_path)],
+             "-c", str(self._dir / "server.conf"), "-l", str(self.log_path)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
-        atexit.register(self.stop)
         deadline = time.monotonic() + self.start_timeout_s
-        while not self._ready():
+        while not self._ready(log_from):
             if self._process.poll() is not None or time.monotonic() > deadline:
                 exists = self.log_path.exists()
                 log = self.log_path.read_text(errors="replace")[-3000:] if exists else ""
                 self.stop()
                 raise NatsSetupError(f"nats-server did not start:\n{log}")
             time.sleep(0.02)
-        self.start_s = time.perf_counter() - started
-        return self
 
-    def _ready(self) -> bool:
+    def _ready(self, log_from: int) -> bool:
         assert self.log_path is not None
         with contextlib.suppress(OSError):
             with socket.create_connection((HOST, self._port), timeout=0.5):
                 pass
-            return "Server is ready" in self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as log:
+                log.seek(log_from)
+                return b"Server is ready" in log.read()
         return False
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to clients, nothing flushed; the port and the
+        store are kept for ``restart()``."""
+        process, self._process = self._process, None
+        assert process is not None
+        process.kill()
+        process.wait()
+
+    def restart(self) -> Self:
+        """Start again after ``kill()``, on the same port and store (what a file stream
+        holds comes back; a memory stream is gone)."""
+        assert self._process is None and self._dir is not None
+        self._launch()
+        return self
 
     def halt(self) -> None:
         assert self._process is not None

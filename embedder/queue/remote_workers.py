@@ -25,6 +25,11 @@ class RemoteWorkers:
     clock: Callable[[], float]
     _workers: Mapping[str, Sighting]
 
+    def unheard(self) -> str | None:
+        """Why no worker can be heard from now (the transport is cut off), else None: the
+        503 for a model no live worker serves says it, and /v1/models beside the model."""
+        return None
+
     def live(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Workers heard from lately, with their models."""
         now = self.clock()
@@ -43,6 +48,7 @@ class RemoteWorkers:
             m[model] for m in self.live().values() if m.get(model, {}).get("state") == "ready"
         ]
         if not serving:
-            return {"workers": 0}
+            why = self.unheard()
+            return {"workers": 0, "reason": why} if why else {"workers": 0}
         info = {k: v for k, v in serving[0].items() if k != "state"}
         return {**info, "workers": len(serving)}

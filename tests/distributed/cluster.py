@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from numpy.typing import NDArray
+from prometheus_client.parser import text_string_to_metric_families
 
 from embedder.tasks.embed.runtimes import load_runtime
 from embedder.tasks.fleet import load_fleet
@@ -159,6 +160,18 @@ def vectors_of(route: str, body: dict[str, object]) -> NDArray[np.float32]:
     else:
         rows = body  # type: ignore[assignment]
     return unit(np.asarray(rows, dtype=np.float32))
+
+
+async def jobs_done(client: httpx.AsyncClient, port: int) -> float:
+    """The jobs a worker answered well, from its own /metrics on ``port``."""
+    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "flotilla_jobs"
+        for sample in family.samples
+        if sample.name == "flotilla_jobs_total" and sample.labels.get("outcome") == "ok"
+    )
 
 
 async def wait_until_serving(url: str, workers: int, procs: list[Process]) -> None:

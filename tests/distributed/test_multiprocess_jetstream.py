@@ -25,39 +25,20 @@ from tests.distributed.cluster import (
     REQUESTS,
     expected_vectors,
     free_port,
+    jobs_done,
     mixed_requests,
     processes,
     start_cluster,
     vectors_of,
     wait_until_serving,
 )
-from tests.gateway.conftest import hub_offline
 from tests.kafka.fixtures import unique_name
-from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow
 
 KILL_AFTER = 200  # answers before worker 0 is killed
 FREEZE_AFTER = 450  # answers before worker 1 is frozen
 FREEZE_S = 3.0
-
-
-@pytest.fixture(scope="module")
-def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-jetstream")
-    with hub_offline():
-        return tiny_fleet_file(folder, build_tiny_embedder(folder))
-
-
-async def jobs_done(client: httpx.AsyncClient, port: int) -> float:
-    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "flotilla_jobs"
-        for sample in family.samples
-        if sample.name == "flotilla_jobs_total" and sample.labels.get("outcome") == "ok"
-    )
 
 
 async def test_kill_one_worker_and_freeze_another_every_request_answered_once(

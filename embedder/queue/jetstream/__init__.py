@@ -21,6 +21,8 @@ it to the dead-letter stream with the reason, and its gateway answers the client
 with ``Undeliverable``. Workers record their models in a KV bucket (``liveness``)
 that gateways watch to answer 503 at once for a model no live worker serves.
 ``config`` holds the settings and names; ``streams`` creates streams, consumers and
-the bucket.
+the bucket; ``connection`` keeps each side's connection, and what that side needs on the
+server, through broker restarts: made again after every reconnect, and refused at once
+(503) while the broker is unreachable.
 This file imports nothing, so the pure ``wire`` loads without nats.
 """

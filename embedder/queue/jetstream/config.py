@@ -36,7 +36,7 @@ class JetStreamConfig(BaseModel):
         validation_alias="nats_storage",
         description="Where the stream keeps requests: 'file' survives a server restart and "
         "costs a disk write per request; 'memory' is faster and loses the queued requests "
-        "when the server restarts (their clients get 504).",
+        "when the server restarts (gateways publish again those they still wait for).",
     )
     ack_wait_s: float = Field(
         default=10.0,
@@ -63,6 +63,15 @@ class JetStreamConfig(BaseModel):
         "hand-backs (over a worker's budget, too late for a slow worker, caught by a busy "
         "one's open fetch): higher tolerates more, lower stops a request that kills workers "
         "sooner.",
+    )
+    publish_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias="nats_publish_timeout_s",
+        description="How long a gateway waits for the stream to confirm a request before "
+        "answering 503 with Retry-After (the broker is down or stalled). Higher rides out a "
+        "slower broker; lower tells clients sooner. A request the broker cannot be reached "
+        "for at all is refused at once.",
     )
     nak_delay_ms: int = Field(
         default=20,

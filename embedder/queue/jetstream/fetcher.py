@@ -28,6 +28,7 @@ from nats.js import JetStreamContext
 from prometheus_client import Counter as MetricCounter
 
 from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.connection import Connection, Sparse, missing
 from embedder.queue.jetstream.streams import ensure_consumer
 
 log = logging.getLogger(__name__)
@@ -92,11 +93,13 @@ def deepest(depths: Mapping[str, Depth], now: float) -> str | None:
 
 
 class Fetcher:
-    """The fetching half of a ``JetStreamPuller``, over its connection."""
+    """The fetching half of a ``JetStreamPuller``, over its connection: a fetch that finds
+    a consumer gone has the connection make it again (``ensure_consumers``)."""
 
-    def __init__(self, js: JetStreamContext, config: JetStreamConfig) -> None:
-        self._js = js
+    def __init__(self, link: Connection, config: JetStreamConfig) -> None:
+        self._link = link
         self.config = config
+        self._failures = Sparse(log)
         self._subs: dict[str, Subscription] = {}
         self._depths: dict[str, Depth] = {}
         # An idle wait's fetches, per model; each ends by its own timeout.
@@ -145,11 +148,18 @@ class Fetcher:
         if self._handing:
             await asyncio.gather(*self._handing)
 
+    async def ensure_consumers(self) -> None:
+        """The consumers of the models fetched so far, made again where the server lost
+        them; their subscriptions go on as they are (a fetch names the consumer)."""
+        for model in list(self._subs):
+            await ensure_consumer(self._link.js, self.config, model)
+
     async def _subscription(self, model: str) -> Subscription:
         sub = self._subs.get(model)
         if sub is None:
-            durable = await ensure_consumer(self._js, self.config, model)
-            sub = await self._js.pull_subscribe_bind(durable=durable, stream=self.config.stream)
+            js = self._link.js
+            durable = await ensure_consumer(js, self.config, model)
+            sub = await js.pull_subscribe_bind(durable=durable, stream=self.config.stream)
             self._subs[model] = sub
         return sub
 
@@ -181,7 +191,7 @@ class Fetcher:
             return
         infos = await asyncio.gather(
             *(
-                self._js.consumer_info(
+                self._link.js.consumer_info(
                     self.config.stream, self.config.consumer(m), timeout=IDLE_FETCH_S
                 )
                 for m in models
@@ -193,6 +203,8 @@ class Fetcher:
             if isinstance(info, BaseException):  # unknown: the wait on all reaches it
                 log.debug("the depth of %s is unknown: %r", model, info)
                 self._depths.pop(model, None)
+                if missing(info):
+                    self._link.renew()
             else:
                 self._see(model, info.num_pending or 0, now)
 
@@ -304,6 +316,8 @@ class Fetcher:
             self._see(model, 0, time.monotonic())
             return []
         except NatsError as exc:
-            log.warning("fetching requests failed: %r", exc)
+            if missing(exc):
+                self._link.renew()  # the server lost the consumer: made again meanwhile
+            self._failures.warning("fetching requests of %s failed: %r", model, exc)
             await asyncio.sleep(timeout_s)
             return []

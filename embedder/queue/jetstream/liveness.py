@@ -15,21 +15,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.js.errors import NotFoundError
 from nats.js.kv import KeyValue
 
 from embedder.core.jobs import ModelStates
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.connection import UNREACHABLE, Connection, Sparse, missing
 from embedder.queue.jetstream.streams import workers_bucket
-from embedder.queue.jetstream.submitter import connect
 from embedder.queue.remote_workers import RemoteWorkers
 
 log = logging.getLogger(__name__)
 
 MISSED_BEATS = 3  # a worker silent this many intervals is gone
 INTERVAL_S = 1.0
+# A watcher that heard nothing this long checks that its bucket is still the server's:
+# with workers beating it never does; with none it costs one request per period.
+SILENCE_S = MISSED_BEATS * INTERVAL_S
 
 
 def _key(worker_id: str) -> str:
@@ -38,7 +41,8 @@ def _key(worker_id: str) -> str:
 
 class WorkerLiveness(Lifecycle):
     """A worker's side: its entry at start, refreshed every ``interval_s``, deleted at
-    stop so gateways stop counting on it at once."""
+    stop so gateways stop counting on it at once. The bucket is made again when the
+    server lost it (it is in memory: every restart), and the entry put at once then."""
 
     def __init__(
         self,
@@ -56,17 +60,15 @@ class WorkerLiveness(Lifecycle):
         self.states = states
         self.config = config or JetStreamConfig()
         self.interval_s = interval_s
-        self._nc: Client | None = None
+        self._link = Connection(url, f"flotilla-liveness {worker_id}", self._establish)
         self._kv: KeyValue | None = None
         self._task: asyncio.Task[None] | None = None
+        self._failures = Sparse(log)
 
     async def start(self) -> None:
         if self._task is not None:
             return
-        self._nc = await connect(self.url, f"flotilla-liveness {self.worker_id}")
-        js = self._nc.jetstream()
-        self._kv = await workers_bucket(js, self.config, MISSED_BEATS * self.interval_s)
-        await self._put()
+        await self._link.open()
         self._task = watch(asyncio.create_task(self._beat(), name="liveness"))
 
     async def stop(self) -> None:
@@ -74,10 +76,14 @@ class WorkerLiveness(Lifecycle):
         if task is None:
             return
         await cancel_and_wait(task)
-        assert self._kv is not None and self._nc is not None
-        with contextlib.suppress(NatsError):
-            await self._kv.delete(_key(self.worker_id))
-        await self._nc.close()
+        if self._kv is not None and self._link.connected:
+            with contextlib.suppress(NatsError, TimeoutError):
+                await self._kv.delete(_key(self.worker_id))
+        await self._link.close()
+
+    async def _establish(self) -> None:
+        self._kv = await workers_bucket(self._link.js, self.config, MISSED_BEATS * self.interval_s)
+        await self._put()
 
     def beat(self) -> dict[str, Any]:
         return {
@@ -96,10 +102,14 @@ class WorkerLiveness(Lifecycle):
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
+            if not self._link.connected:
+                continue  # the reconnect puts the entry again
             try:
                 await self._put()
-            except NatsError:
-                log.warning("liveness update failed", exc_info=True)
+            except (NatsError, TimeoutError) as exc:
+                if missing(exc):
+                    self._link.renew()  # the bucket is gone: made again, then put
+                self._failures.warning("liveness update failed: %r", exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +119,13 @@ class _Seen:
 
 
 class FleetLiveness(RemoteWorkers, Lifecycle):
-    """The gateway's ``ModelStates`` when its workers pull from JetStream."""
+    """The gateway's ``ModelStates`` when its workers pull from JetStream.
+
+    A watcher dies with the server's copy of the bucket (a restart, or the bucket
+    deleted): after a reconnect, or when the bucket is silent for ``SILENCE_S`` and is not
+    the one watched any more, a new watcher reads the bucket afresh. Meanwhile the workers
+    seen are kept until their beats expire, as always; a model with no live worker then
+    says why (``unheard``)."""
 
     def __init__(
         self,
@@ -122,39 +138,74 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         self.config = config or JetStreamConfig()
         self.clock = clock
         self._workers: dict[str, _Seen] = {}
-        self._nc: Client | None = None
+        self._link = Connection(url, "flotilla-gateway-liveness", self._watch)
         self._task: asyncio.Task[None] | None = None
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self._heard_after = 0  # the connection's reconnects when a worker was last heard
 
     async def start(self) -> None:
-        if self._task is not None:
-            return
-        self._nc = await connect(self.url, "flotilla-gateway-liveness")
-        kv = await workers_bucket(self._nc.jetstream(), self.config, MISSED_BEATS * INTERVAL_S)
-        watcher = await kv.watchall()
-        # The bucket's current entries come first: the live workers are known at once.
-        while True:
-            entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
-            if entry is None:
-                break
-            self._note(entry)
-        self._task = watch(asyncio.create_task(self._follow(watcher), name="liveness-watch"))
+        await self._link.open()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None:
+        if not self._link.opened:
             return
-        await cancel_and_wait(task)
-        assert self._nc is not None
-        await self._nc.close()
+        await cancel_and_wait(self._task)
+        await self._link.close()
 
-    async def _follow(self, watcher: KeyValue.KeyWatcher) -> None:
+    def unheard(self) -> str | None:
+        if not self._link.connected:
+            return f"{UNREACHABLE}: no worker can be heard from"
+        if self._heard_after < self._link.reconnects:
+            return "no worker has been heard from since the queue broker (NATS) came back"
+        return None
+
+    async def _watch(self) -> None:
+        """A new watcher on the bucket (made when missing) in place of the last one; the
+        bucket's current entries come first, so the live workers are known at once."""
+        kv = await workers_bucket(self._link.js, self.config, MISSED_BEATS * INTERVAL_S)
+        created = (await kv.status()).stream_info.created
+        watcher = await kv.watchall()
+        try:
+            while True:
+                entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+                if entry is None:  # the end of what the bucket held
+                    break
+                self._note(entry)
+        except BaseException:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+            raise
+        old, self._watcher = self._watcher, watcher
+        await cancel_and_wait(self._task)
+        if old is not None:
+            with contextlib.suppress(NatsError):
+                await old.stop()  # type: ignore[no-untyped-call]
+        self._task = watch(
+            asyncio.create_task(self._follow(kv, watcher, created), name="liveness-watch")
+        )
+
+    async def _follow(self, kv: KeyValue, watcher: KeyValue.KeyWatcher, created: object) -> None:
         while True:
             try:
-                entry = await watcher.updates(timeout=60.0)  # type: ignore[no-untyped-call]
+                entry = await watcher.updates(timeout=SILENCE_S)  # type: ignore[no-untyped-call]
             except TimeoutError:
+                if await self._bucket_replaced(kv, created):
+                    self._link.renew()
+                    return
                 continue
             if entry is not None:
                 self._note(entry)
+
+    @staticmethod
+    async def _bucket_replaced(kv: KeyValue, created: object) -> bool:
+        """Whether the bucket watched is gone (deleted, or lost by the server and made
+        again); a server that does not answer now is the reconnect's business."""
+        try:
+            status = await kv.status()
+        except NotFoundError:
+            return True
+        except (NatsError, TimeoutError):
+            return False
+        return status.stream_info.created != created
 
     def _note(self, entry: KeyValue.Entry) -> None:
         if entry.operation in ("DEL", "PURGE") or not entry.value:
@@ -168,3 +219,4 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
             log.warning("unreadable liveness entry %r: %s", entry.value[:200], exc)
             return
         self._workers[entry.key] = _Seen(expires, models)
+        self._heard_after = self._link.reconnects

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 
@@ -21,10 +20,10 @@ from embedder.core.jobs import Job
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.connection import Connection
 from embedder.queue.jetstream.dead_letters import DeadLetters
 from embedder.queue.jetstream.fetcher import HANDLED, Fetcher
 from embedder.queue.jetstream.streams import ensure_streams
-from embedder.queue.jetstream.submitter import connect
 from embedder.queue.protocol import Outcome, Partial
 from embedder.tasks.embed.batching import take_within, urgency
 
@@ -69,7 +68,7 @@ class JetStreamPuller(Lifecycle):
         self.config = config or JetStreamConfig()
         self.name = name
         self.clock = clock
-        self._nc: Client | None = None
+        self._link = Connection(url, name, self._establish)
         self._fetcher: Fetcher | None = None
         self._held: dict[str, _Held] = {}
         self._tokens_per_job = FIRST_GUESS_TOKENS
@@ -80,37 +79,43 @@ class JetStreamPuller(Lifecycle):
         self._dead: DeadLetters | None = None
 
     async def start(self) -> None:
-        if self._nc is not None:
+        if self._link.opened:
             return
-        nc = await connect(self.url, self.name)
+        await self._link.open()
+        nc = self._link.nc
         try:
-            js = nc.jetstream()
-            await ensure_streams(js, self.config)
-            self._dead = DeadLetters(nc, js, self.config)
+            self._dead = DeadLetters(nc, self._link.js, self.config)
             await self._dead.start()
             await nc.subscribe(self.config.withdrawn_subject, cb=self._on_withdrawn)
         except BaseException:
-            await nc.close()
+            await self._link.close()
             raise
-        self._nc, self._fetcher = nc, Fetcher(js, self.config)
+        self._fetcher = Fetcher(self._link, self.config)
         self._serving = True
         self._keepalive = watch(asyncio.create_task(self._keep_alive(), name="jetstream-wpi"))
 
+    async def _establish(self) -> None:
+        """The streams and the consumers of the models pulled so far, made again where a
+        restarted server lost them (memory storage). The withdrawals and dead-letter
+        advisories are core subscriptions, which the client replays itself."""
+        await ensure_streams(self._link.js, self.config)
+        if self._fetcher is not None:
+            await self._fetcher.ensure_consumers()
+
     async def stop(self) -> None:
         """Hand back what is still held (another worker takes it at once) and close."""
-        nc, self._nc = self._nc, None
-        if nc is None:
+        if not self._link.opened:
             return
         self._serving = False
         await cancel_and_wait(self._keepalive)
-        assert self._fetcher is not None
-        await self._fetcher.close()
+        if self._fetcher is not None:
+            await self._fetcher.close()
         await self._hand_back_held()
-        assert self._dead is not None
-        await self._dead.stop()
+        if self._dead is not None:
+            await self._dead.stop()
         with contextlib.suppress(NatsError, TimeoutError):
-            await nc.flush(timeout=5)  # the acks and replies still buffered go out first
-        await nc.close()
+            await self._link.nc.flush(timeout=5)  # the acks and replies still buffered go out first
+        await self._link.close()
 
     async def drain(self, timeout_s: float) -> int:
         """Stop fetching and wait until the jobs in hand are answered; those still
@@ -136,7 +141,9 @@ class JetStreamPuller(Lifecycle):
     # -- JobPuller ---------------------------------------------------------------------
 
     async def pull(self, models: Collection[str], max_tokens: int, timeout_s: float) -> list[Job]:
-        if not self._serving or not models or self._fetcher is None:
+        if not self._serving or not models or self._fetcher is None or not self._link.connected:
+            # Nothing to fetch, or the broker unreachable: a fetch would only be buffered
+            # by the client. The loop comes back within ``timeout_s``, a reconnect too.
             await asyncio.sleep(timeout_s)
             return []
         batch = max(1, min(MAX_FETCH, int(max_tokens / self._tokens_per_job)))
@@ -174,19 +181,22 @@ class JetStreamPuller(Lifecycle):
         if held is None:
             return
         self._released.set()
-        if not self._answers or self._nc is None:
+        if not self._answers or not self._link.opened:
             return
+        nc = self._link.nc
         payload, headers = wire.encode_outcome(job_id, outcome)
-        if len(payload) > self._nc.max_payload:
+        if len(payload) > nc.max_payload:
             payload, headers = wire.encode_outcome(
                 job_id,
                 LimitExceeded(
-                    f"the response is over {self._nc.max_payload} bytes, the NATS server's "
+                    f"the response is over {nc.max_payload} bytes, the NATS server's "
                     "max_payload: ask for fewer inputs, or raise the server's max_payload"
                 ),
             )
         try:
-            await self._nc.publish(held.reply_to, payload, headers=headers)
+            # While the broker is unreachable the client buffers both: a reply lost for want
+            # of a subscribed gateway is made good by the gateway publishing the job again.
+            await nc.publish(held.reply_to, payload, headers=headers)
             # After the reply, on the same connection: the server has the reply before
             # the ack, so an acked job is never one whose answer was lost.
             await held.msg.ack()
@@ -197,11 +207,11 @@ class JetStreamPuller(Lifecycle):
         """Publish a part of a streamed answer to the job's reply subject, on the same
         connection as its outcome will go: the gateway reads them in order."""
         held = self._held.get(job_id)
-        if held is None or not self._answers or self._nc is None:
+        if held is None or not self._answers or not self._link.opened:
             return False
         payload, headers = wire.encode_partial(job_id, partial)
         try:
-            await self._nc.publish(held.reply_to, payload, headers=headers)
+            await self._link.nc.publish(held.reply_to, payload, headers=headers)
         except NatsError as exc:  # the part is lost; the outcome still comes
             log.warning("part %d of %s failed: %r", partial.seq, job_id, exc)
         return True
@@ -235,7 +245,13 @@ class JetStreamPuller(Lifecycle):
             return None
         held = self._held.get(job.id)
         if held is not None:
-            held.msg = msg  # redelivered while still in hand: this delivery's ack counts
+            if held.msg.metadata.sequence.stream == msg.metadata.sequence.stream:
+                held.msg = msg  # redelivered while still in hand: this delivery's ack counts
+            else:
+                # A copy its gateway published again after a reconnect: the one in hand
+                # answers for both, so the copy leaves the queue now.
+                with contextlib.suppress(NatsError):
+                    await msg.ack()
             return None
         self._held[job.id] = _Held(msg, reply_to, job.deadline)
         if self._fetcher is not None:
@@ -252,6 +268,8 @@ class JetStreamPuller(Lifecycle):
     async def _keep_alive(self) -> None:
         while True:
             await asyncio.sleep(self.config.ack_wait_s / 3)
+            if not self._link.connected:
+                continue  # a restarted server starts the ack wait afresh anyway
             now = self.clock()
             for entry in list(self._held.values()):
                 if entry.deadline > now:

@@ -1,6 +1,6 @@
 """The streams, consumers and bucket the JetStream work queue uses, and their idempotent
-creation (every gateway and worker ensures them at start); their settings are
-``config.JetStreamConfig``."""
+creation (every gateway and worker ensures them at start and after every reconnect,
+through ``connection.Connection``); their settings are ``config.JetStreamConfig``."""
 
 from __future__ import annotations
 

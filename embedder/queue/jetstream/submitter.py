@@ -12,12 +12,10 @@ from collections import Counter
 from collections.abc import Callable
 
 import nats
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.errors import MaxPayloadError
-from nats.js import JetStreamContext
 from prometheus_client import Counter as MetricCounter
 
 from embedder.core.errors import DeadlineExceeded, InferenceFailed, LimitExceeded, NotReady
@@ -25,6 +23,7 @@ from embedder.core.jobs import Job, JobResult
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.connection import UNREACHABLE, Connection, missing
 from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.protocol import Partial, ReplyStream, resolve
 
@@ -38,15 +37,15 @@ REPLIES = MetricCounter(
 )
 
 
-async def connect(url: str, name: str) -> Client:
-    """A connection that reconnects for as long as it takes: a request waiting meanwhile
-    is bounded by its own deadline, not by the connection."""
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
-
-
 class JetStreamSubmitter(Lifecycle):
     """``put`` publishes the job (acknowledged by the stream) and returns a future; the
-    reply on ``inbox`` resolves it."""
+    reply on ``inbox`` resolves it.
+
+    While the broker is unreachable ``put`` refuses at once (``NotReady``, 503 with
+    Retry-After), and a publish the stream does not confirm within
+    ``config.publish_timeout_s`` is refused too: a client hears in a moment, not at its
+    deadline. After a reconnect every job still waiting is published again
+    (``_publish_again``)."""
 
     def __init__(
         self,
@@ -61,77 +60,120 @@ class JetStreamSubmitter(Lifecycle):
         self.config = config or JetStreamConfig()
         self.clock = clock
         self.dropped_replies = 0
-        self._waiters: dict[str, tuple[asyncio.Future[JobResult], str]] = {}
+        self._waiters: dict[str, tuple[asyncio.Future[JobResult], Job]] = {}
         self._streams: dict[str, _Reassembly] = {}
         self._announcing: set[asyncio.Future[None]] = set()
-        self._nc: Client | None = None
-        self._js: JetStreamContext | None = None
+        self._link = Connection(url, f"flotilla-gateway {inbox}", self._establish)
         self._sub: Subscription | None = None
+        self._rounds = 0  # times the jobs waiting were published again
 
     async def start(self) -> None:
-        if self._nc is not None:
-            return
-        nc = await connect(self.url, f"flotilla-gateway {self.inbox}")
-        try:
-            js = nc.jetstream()
-            await ensure_streams(js, self.config)
-            self._sub = await nc.subscribe(self.inbox, cb=self._on_reply)
-            await nc.flush()  # subscribed on the server before the first request goes out
-        except BaseException:
-            await nc.close()
-            raise
-        self._nc, self._js = nc, js
+        await self._link.open()
 
     async def stop(self) -> None:
-        nc, self._nc = self._nc, None
-        if nc is None:
+        if not self._link.opened:
             return
         for future, _ in list(self._waiters.values()):
             if not future.done():
                 future.set_exception(NotReady("the gateway is shutting down"))
-        await nc.close()
+        await self._link.close()
+        self._sub = None  # with the connection
+
+    async def _establish(self) -> None:
+        """The streams (a restarted server may have lost them), the reply inbox (the client
+        replays it after a reconnect) confirmed on the server, then the jobs waiting
+        published again: all that was waited for is in the stream, and its replies come."""
+        await ensure_streams(self._link.js, self.config)
+        if self._sub is None:
+            self._sub = await self._link.nc.subscribe(self.inbox, cb=self._on_reply)
+        await self._link.nc.flush()  # subscribed on the server before a request goes out
+        await self._publish_again()
+
+    async def _publish_again(self) -> None:
+        """Every job still waiting, once more under a new message id (the old one may be
+        deduplicated). Its reply may have been sent while this gateway's inbox was not
+        subscribed, which core NATS drops for good, or the stream lost it (memory storage):
+        a job is run twice rather than lost, and the first reply wins."""
+        now = self.clock()
+        waiting = [job for future, job in self._waiters.values() if not future.done()]
+        waiting = [job for job in waiting if job.deadline > now]
+        if not waiting:
+            return
+        self._rounds += 1
+        log.warning("publishing the %d requests still waiting again", len(waiting))
+        await asyncio.gather(
+            *(
+                self._link.js.publish(
+                    self.config.subject(job.model),
+                    job.body,
+                    timeout=min(self.config.publish_timeout_s, job.deadline - now),
+                    headers={
+                        **wire.encode_job(job, self.inbox),
+                        wire.MSG_ID: f"{job.id}.again-{self._rounds}",
+                    },
+                )
+                for job in waiting
+            )
+        )
 
     async def put(self, job: Job) -> asyncio.Future[JobResult]:
-        if self._nc is None or self._js is None:
+        if not self._link.opened:
             raise NotReady("the JetStream work queue is not started")
+        if not self._link.connected:
+            raise NotReady(f"{UNREACHABLE}: the request was not queued; retry shortly")
         if job.id in self._waiters:
             raise ValueError(f"job id {job.id!r} is already queued")
-        limit = min(self.config.max_message_bytes, self._nc.max_payload)
+        limit = min(self.config.max_message_bytes, self._link.nc.max_payload)
         if len(job.body) > limit:
             raise LimitExceeded(
                 f"the request is over {limit} bytes, the largest message the work queue "
                 "takes: split it, or raise --nats-max-message-bytes (and the server's "
                 "max_payload)"
             )
+        if job.deadline <= self.clock():
+            raise DeadlineExceeded("the work queue (JetStream) did not take the request in time")
         future: asyncio.Future[JobResult] = asyncio.get_running_loop().create_future()
-        self._waiters[job.id] = (future, job.model)
+        self._waiters[job.id] = (future, job)
         future.add_done_callback(functools.partial(self._forget, job.id))
-        remaining = job.deadline - self.clock()
         try:
-            if remaining <= 0:
-                raise TimeoutError
-            # The stream's acknowledgement: the job is stored, so a worker will see it.
-            await self._js.publish(
+            await self._publish(job)
+        except BaseException:
+            self._withdraw(job.id, future)
+            raise
+        future.add_done_callback(functools.partial(self._announce_withdrawal, job.id))
+        return future
+
+    async def _publish(self, job: Job) -> None:
+        """The job into the stream, confirmed (a worker will see it), or the error that
+        says why not: the broker's silence past ``publish_timeout_s`` is a 503, the
+        request's own deadline coming first a 504."""
+        remaining = job.deadline - self.clock()
+        bound = min(remaining, self.config.publish_timeout_s)
+        try:
+            await self._link.js.publish(
                 self.config.subject(job.model),
                 job.body,
-                timeout=remaining,
+                timeout=bound,
                 headers=wire.encode_job(job, self.inbox),
             )
         except (TimeoutError, nats.errors.TimeoutError):
-            self._withdraw(job.id, future)
+            if bound < remaining:
+                raise NotReady(
+                    f"the queue broker (NATS) did not confirm the request within {bound:g} s "
+                    "(--nats-publish-timeout-s): it is unreachable or overloaded; retry "
+                    "shortly"
+                ) from None
             raise DeadlineExceeded(
                 "the work queue (JetStream) did not take the request in time"
             ) from None
         except MaxPayloadError:
-            self._withdraw(job.id, future)
             raise LimitExceeded(
                 "the request is over the NATS server's max_payload: split it"
             ) from None
         except NatsError as exc:
-            self._withdraw(job.id, future)
+            if missing(exc):
+                self._link.renew()  # the server lost the stream: made again meanwhile
             raise NotReady(f"the work queue (JetStream) refused the request: {exc!r}") from exc
-        future.add_done_callback(functools.partial(self._announce_withdrawal, job.id))
-        return future
 
     async def put_streaming(self, job: Job) -> ReplyStream:
         stream = ReplyStream(await self.put(job))
@@ -154,21 +196,20 @@ class JetStreamSubmitter(Lifecycle):
     def _announce_withdrawal(self, job_id: str, future: asyncio.Future[JobResult]) -> None:
         """A queued job the gateway cancelled (its client left): tell the workers, so the
         one holding it stops at its next step instead of generating for nobody."""
-        if future.cancelled() and self._nc is not None and not self._nc.is_closed:
+        if future.cancelled() and self._link.connected:
             task = asyncio.ensure_future(self._publish_withdrawal(job_id))
             self._announcing.add(task)
             task.add_done_callback(self._announcing.discard)
 
     async def _publish_withdrawal(self, job_id: str) -> None:
         try:
-            assert self._nc is not None
-            await self._nc.publish(self.config.withdrawn_subject, job_id.encode())
+            await self._link.nc.publish(self.config.withdrawn_subject, job_id.encode())
         except (NatsError, AssertionError) as exc:  # the job then runs on to its end
             log.warning("could not announce that %s was withdrawn: %r", job_id, exc)
 
     def depth(self) -> Counter[str]:
         """This gateway's jobs without a reply yet, per model (queued or running)."""
-        return Counter(model for _, model in self._waiters.values())
+        return Counter(job.model for _, job in self._waiters.values())
 
     async def _on_reply(self, msg: Msg) -> None:
         job_id = wire.reply_id(msg.headers) or ""

@@ -458,7 +458,7 @@ async def test_a_large_reply_arrives_and_one_over_max_payload_is_a_clear_error(
         await pull_until(puller, 2)
         body = bytes(range(256)) * (3 * 4096)  # 3 MiB: over NATS's default 1 MiB payload
         await puller.complete("big", JobResult(body=body, prompt_tokens=1, timings=Timings(0, 0)))
-        over = b"x" * (puller._nc.max_payload + 1)  # type: ignore[union-attr]
+        over = b"x" * (puller._link.nc.max_payload + 1)
         await puller.complete("huge", JobResult(body=over, prompt_tokens=1, timings=Timings(0, 0)))
         async with asyncio.timeout(WAIT_S):
             assert (await big).body == body
