@@ -22,6 +22,7 @@ from nats.js.kv import KeyValue
 from embedder.core.jobs import ModelStates
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.security import NatsSecurity
 from embedder.queue.jetstream.streams import workers_bucket
 from embedder.queue.jetstream.submitter import connect
 from embedder.queue.remote_workers import RemoteWorkers
@@ -49,8 +50,10 @@ class WorkerLiveness(Lifecycle):
         states: ModelStates,
         config: JetStreamConfig | None = None,
         interval_s: float = INTERVAL_S,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
+        self.security = security
         self.worker_id = worker_id
         self.models = list(models)
         self.states = states
@@ -63,7 +66,7 @@ class WorkerLiveness(Lifecycle):
     async def start(self) -> None:
         if self._task is not None:
             return
-        self._nc = await connect(self.url, f"flotilla-liveness {self.worker_id}")
+        self._nc = await connect(self.url, f"flotilla-liveness {self.worker_id}", self.security)
         js = self._nc.jetstream()
         self._kv = await workers_bucket(js, self.config, MISSED_BEATS * self.interval_s)
         await self._put()
@@ -117,8 +120,10 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         url: str,
         config: JetStreamConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
+        self.security = security
         self.config = config or JetStreamConfig()
         self.clock = clock
         self._workers: dict[str, _Seen] = {}
@@ -128,7 +133,7 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
     async def start(self) -> None:
         if self._task is not None:
             return
-        self._nc = await connect(self.url, "flotilla-gateway-liveness")
+        self._nc = await connect(self.url, "flotilla-gateway-liveness", self.security)
         kv = await workers_bucket(self._nc.jetstream(), self.config, MISSED_BEATS * INTERVAL_S)
         watcher = await kv.watchall()
         # The bucket's current entries come first: the live workers are known at once.

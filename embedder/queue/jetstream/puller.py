@@ -23,6 +23,7 @@ from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.dead_letters import DeadLetters
 from embedder.queue.jetstream.fetcher import HANDLED, Fetcher
+from embedder.queue.jetstream.security import NatsSecurity
 from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.jetstream.submitter import connect
 from embedder.queue.protocol import Outcome, Partial
@@ -64,9 +65,11 @@ class JetStreamPuller(Lifecycle):
         config: JetStreamConfig | None = None,
         name: str = "flotilla-worker",
         clock: Callable[[], float] = time.time,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
         self.config = config or JetStreamConfig()
+        self.security = security
         self.name = name
         self.clock = clock
         self._nc: Client | None = None
@@ -82,7 +85,7 @@ class JetStreamPuller(Lifecycle):
     async def start(self) -> None:
         if self._nc is not None:
             return
-        nc = await connect(self.url, self.name)
+        nc = await connect(self.url, self.name, self.security)
         try:
             js = nc.jetstream()
             await ensure_streams(js, self.config)

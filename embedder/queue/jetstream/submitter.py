@@ -25,6 +25,7 @@ from embedder.core.jobs import Job, JobResult
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.security import NatsSecurity, open_connection
 from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.protocol import Partial, ReplyStream, resolve
 
@@ -38,10 +39,17 @@ REPLIES = MetricCounter(
 )
 
 
-async def connect(url: str, name: str) -> Client:
+async def connect(url: str, name: str, security: NatsSecurity | None = None) -> Client:
     """A connection that reconnects for as long as it takes: a request waiting meanwhile
-    is bounded by its own deadline, not by the connection."""
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    is bounded by its own deadline, not by the connection. One the server refuses for its
+    ``security`` (TLS, credentials) fails at once, naming the setting."""
+    return await open_connection(
+        url,
+        security or NatsSecurity(),
+        name=name,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
 
 
 class JetStreamSubmitter(Lifecycle):
@@ -55,10 +63,12 @@ class JetStreamSubmitter(Lifecycle):
         inbox: str,
         config: JetStreamConfig | None = None,
         clock: Callable[[], float] = time.time,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
         self.inbox = inbox
         self.config = config or JetStreamConfig()
+        self.security = security
         self.clock = clock
         self.dropped_replies = 0
         self._waiters: dict[str, tuple[asyncio.Future[JobResult], str]] = {}
@@ -71,7 +81,7 @@ class JetStreamSubmitter(Lifecycle):
     async def start(self) -> None:
         if self._nc is not None:
             return
-        nc = await connect(self.url, f"flotilla-gateway {self.inbox}")
+        nc = await connect(self.url, f"flotilla-gateway {self.inbox}", self.security)
         try:
             js = nc.jetstream()
             await ensure_streams(js, self.config)
