@@ -30,8 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
 
 from bench import texts
 from bench.report import machine, median, results_dir, table, write_json
@@ -44,6 +44,7 @@ from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.fleet import load_fleet
 from ingest.dead_letters import dlq_topic
 from ingest.embedding import QueueEmbedder
+from ingest.kafka_clients import KafkaClients
 from ingest.kafka_source import KafkaSource
 from ingest.pipeline import IngestCore
 from ingest.records import RecordRules
@@ -69,14 +70,15 @@ def kafka(bootstrap: str | None) -> Iterator[str]:
 
 
 async def _topic(bootstrap: str, name: str, partitions: int, docs: list[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    kafka = KafkaClients(bootstrap)
+    admin = kafka.admin()
+    await kafka.start(admin.start())
     try:
         await admin.create_topics([NewTopic(name, partitions, 1)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True, linger_ms=5)
-    await producer.start()
+    producer = kafka.producer(enable_idempotence=True, linger_ms=5)
+    await kafka.start(producer.start())
     try:
         sends = [
             await producer.send(
@@ -92,8 +94,9 @@ async def _topic(bootstrap: str, name: str, partitions: int, docs: list[str]) ->
 async def _drop_topic(bootstrap: str, name: str) -> None:
     # A given cluster outlives the run: leave no benchmark topics behind in it, nor the
     # dead-letter topic the source made for it.
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    kafka = KafkaClients(bootstrap)
+    admin = kafka.admin()
+    await kafka.start(admin.start())
     try:
         await admin.delete_topics([name, dlq_topic(name)])
     finally:
@@ -101,8 +104,9 @@ async def _drop_topic(bootstrap: str, name: str) -> None:
 
 
 async def _committed(bootstrap: str, topic: str, group: str, partitions: int) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group)
-    await consumer.start()
+    kafka = KafkaClients(bootstrap)
+    consumer = kafka.consumer(group_id=group)
+    await kafka.start(consumer.start())
     try:
         total = 0
         for p in range(partitions):

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 
 from embedder.core.fleet import FleetError
@@ -97,13 +97,17 @@ RECORDS = CHUNKING | {
     "bytes_per_token",
     "auto_truncate",
 }
-# wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`).
-KAFKA_INGEST = frozenset({"kafka", "topic", "group", "ingest_max_records", "dlq_create"})
+# wiring.kafka_source() (ingest_max_records also sizes the chunks of `ingest --from`), and
+# the security of every Kafka client (ingest.kafka_clients).
+KAFKA_INGEST = frozenset(
+    {"kafka", "topic", "group", "ingest_max_records", "dlq_create"}
+    | set(section_settings("kafka_security"))
+)
 # flotilla.progress: the plain lines of a long command whose output is not a terminal.
 PROGRESS = frozenset({"progress_interval_s"})
-# Both halves of the JetStream work queue and the worker liveness; the reply subject is
-# the gateway's own.
-WORK_QUEUE = frozenset({"nats", *section_settings("jetstream")})
+# Both halves of the JetStream work queue and the worker liveness, and the security of
+# their connections; the reply subject is the gateway's own.
+WORK_QUEUE = frozenset({"nats", *section_settings("jetstream"), *section_settings("nats_security")})
 
 
 def _names(name: str, also: Mapping[str, str] | None) -> tuple[str, ...]:
@@ -142,18 +146,26 @@ def _on_command_line(ctx: typer.Context, name: str) -> bool:
 
 def _problems(exc: ValidationError, cls: type[Settings]) -> str:
     """Each refused value under its setting's names (the flag, the variable), not its
-    place in the nested settings."""
+    place in the nested settings. A secret's value is never shown, nor a whole section's
+    (a check across its settings, whose message names them, sees them all)."""
+    fields = setting_fields(cls)
     places: dict[tuple[str, ...], str] = {
         (where.field,) if where.section is None else (where.section, where.field): name
-        for name, where in setting_fields(cls).items()
+        for name, where in fields.items()
     }
     lines = []
     for error in exc.errors():
         loc = tuple(map(str, error["loc"]))
         name = places.get(loc[:1]) or places.get(loc[:2])
         where = f"--{name.replace('_', '-')} / FLOTILLA_{name.upper()}" if name else ".".join(loc)
-        lines.append(f"{where}: {error['msg']} (got {error['input']!r})")
+        secret = name is not None and _is_secret(fields[name].info.annotation)
+        hidden = secret or isinstance(error["input"], dict)
+        lines.append(f"{where}: {error['msg']}" + ("" if hidden else f" (got {error['input']!r})"))
     return "\n".join(lines)
+
+
+def _is_secret(annotation: Any) -> bool:
+    return annotation is SecretStr or SecretStr in typing.get_args(annotation)
 
 
 KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY

@@ -15,13 +15,13 @@ import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
-
+from embedder.core.errors import LinkRefused
 from flotilla import wiring
 from flotilla.logs import quiet_repeats
 from flotilla.progress import Progress, Tally
 from flotilla.settings import Settings
 from flotilla.signals import stop_event
+from ingest.kafka_clients import KafkaClients
 from ingest.kafka_source import TopicMissing, dlq_topic
 from ingest.pipeline import IngestCore, RawRecord
 from ingest.records import SourceRef
@@ -31,7 +31,8 @@ from ingest.supervisor import IngestSupervisor
 async def consume(settings: Settings) -> None:
     """Consume --topic until SIGINT/SIGTERM, then drain the chunk in flight and commit. A
     failed run (the broker gone for longer than the client waits, say) is restarted with
-    backoff; a missing topic ends the command with what to do."""
+    backoff; a missing topic, or brokers that refuse the link's security (credentials,
+    TLS), end the command with what to do."""
     if not (settings.ingest.bootstrap and settings.ingest.topic):
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
@@ -64,7 +65,7 @@ async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) ->
         note=lambda: f"lag {sum(source.lag.values())}",
     )
     async with progress:
-        async with IngestSupervisor(source, fatal=(TopicMissing,)) as supervisor:
+        async with IngestSupervisor(source, fatal=(TopicMissing, LinkRefused)) as supervisor:
             running = asyncio.ensure_future(supervisor.wait())
             while not (running.done() or stop.is_set()):
                 await asyncio.wait({running}, timeout=1.0)
@@ -173,10 +174,9 @@ async def produce(settings: Settings, path: Path) -> None:
     bootstrap, topic = settings.ingest.bootstrap, settings.ingest.topic
     if not (bootstrap and topic):
         raise SystemExit("--produce needs --kafka BOOTSTRAP and --topic TOPIC")
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", linger_ms=5
-    )
-    await producer.start()
+    kafka = KafkaClients(bootstrap, settings.kafka_security)
+    producer = kafka.producer(enable_idempotence=True, acks="all", linger_ms=5)
+    await kafka.start(producer.start())
     progress = Progress(
         f"{path.name} -> {topic}",
         count_records(path),

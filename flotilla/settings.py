@@ -1,7 +1,8 @@
 """The one settings object, and the panels its settings are shown in.
 
 Settings are nested by subsystem: besides its own fields, ``Settings`` holds one
-section per subsystem (``gateway``, ``requests``, ``ocr``, ``jetstream``, ``ingest``),
+section per subsystem (``gateway``, ``requests``, ``ocr``, ``jetstream``, ``ingest``, and the
+security of the NATS and Kafka links, ``nats_security`` and ``kafka_security``),
 each the very config object that subsystem takes, defined (with its defaults) in the
 subsystem's own module. Their names stay flat: every setting, in a section or not, is
 an environment variable (``FLOTILLA_<NAME>``) and a CLI flag (``--<name>``) of every
@@ -23,10 +24,12 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.security import NatsSecurity
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.ocr.api import OcrLimits
 from gateway.config import GatewayLimits
 from ingest.config import IngestConfig
+from ingest.kafka_security import KafkaSecurity
 from lora.config import Prices, TrainConfig
 
 
@@ -158,7 +161,9 @@ class Settings(BaseSettings):
     requests: RequestLimits = Field(default_factory=RequestLimits)
     ocr: OcrLimits = Field(default_factory=OcrLimits)
     jetstream: JetStreamConfig = Field(default_factory=JetStreamConfig)
+    nats_security: NatsSecurity = Field(default_factory=NatsSecurity)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
+    kafka_security: KafkaSecurity = Field(default_factory=KafkaSecurity)
 
     @property
     def adapters_root(self) -> Path:
@@ -330,7 +335,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "progress_interval_s",
     ),
     "Kafka": ("kafka", "topic", "group", "dlq_create"),
+    "Kafka security": section_settings("kafka_security"),
     "JetStream": ("nats", *section_settings("jetstream"), "reply_topic_prefix", "gateway_id"),
+    "NATS security": section_settings("nats_security"),
     "LoRA training": tuple(TrainConfig.model_fields),
     "Prices": tuple(Prices.model_fields),
 }

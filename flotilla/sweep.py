@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import SecretStr
+
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import FlotillaError
 from embedder.tasks.fleet import load_fleet
@@ -79,7 +81,9 @@ def _env(settings: LoraSettings, recipe: Recipe, seed: int) -> dict[str, str]:
     for name, value in values.items():
         if value is None:
             continue
-        if isinstance(value, list | tuple):  # every list setting is read comma-separated
+        if isinstance(value, SecretStr):  # its str() is asterisks
+            text = value.get_secret_value()
+        elif isinstance(value, list | tuple):  # every list setting is read comma-separated
             text = ",".join(map(str, value))
         elif isinstance(value, bool):
             text = "true" if value else "false"

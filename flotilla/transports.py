@@ -57,7 +57,8 @@ def reply_topic(settings: Settings) -> str:
 
 class JetStreamTransport:
     """Its clients are imported only when this transport is chosen; each takes the
-    settings' ``jetstream`` section as its config."""
+    settings' ``jetstream`` section as its config, and ``nats_security`` for its
+    connection."""
 
     name = "jetstream"
 
@@ -66,21 +67,29 @@ class JetStreamTransport:
 
         assert settings.nats
         return JetStreamSubmitter(
-            url=settings.nats, inbox=reply_topic(settings), config=settings.jetstream
+            url=settings.nats,
+            inbox=reply_topic(settings),
+            config=settings.jetstream,
+            security=settings.nats_security,
         )
 
     def fleet_status(self, settings: Settings) -> FleetView:
         from embedder.queue.jetstream.liveness import FleetLiveness
 
         assert settings.nats
-        return FleetLiveness(url=settings.nats, config=settings.jetstream)
+        return FleetLiveness(
+            url=settings.nats, config=settings.jetstream, security=settings.nats_security
+        )
 
     def puller(self, settings: Settings, worker_id: str) -> Puller:
         from embedder.queue.jetstream.puller import JetStreamPuller
 
         assert settings.nats
         return JetStreamPuller(
-            url=settings.nats, config=settings.jetstream, name=f"flotilla-worker {worker_id}"
+            url=settings.nats,
+            config=settings.jetstream,
+            name=f"flotilla-worker {worker_id}",
+            security=settings.nats_security,
         )
 
     def heartbeat(
@@ -95,6 +104,7 @@ class JetStreamTransport:
             models=models,
             states=states,
             config=settings.jetstream,
+            security=settings.nats_security,
         )
 
 

@@ -290,6 +290,7 @@ def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:
         group=ingest.group,
         max_records=ingest.max_records,
         dlq_create=ingest.dlq_create,
+        security=settings.kafka_security,
     )
 
 

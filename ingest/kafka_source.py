@@ -24,14 +24,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from aiokafka import (
-    AIOKafkaConsumer,
-    AIOKafkaProducer,
-    ConsumerRebalanceListener,
-    ConsumerRecord,
-    TopicPartition,
-)
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka import ConsumerRebalanceListener, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, CorruptRecordException
 from prometheus_client import Counter, Gauge
 
@@ -40,6 +33,8 @@ from embedder.core.lifecycle import Lifecycle
 from ingest.dead_letters import ERROR_HEADER as ERROR_HEADER
 from ingest.dead_letters import dlq_topic as dlq_topic
 from ingest.dead_letters import send_dead_letters
+from ingest.kafka_clients import KafkaClients
+from ingest.kafka_security import KafkaSecurity
 from ingest.pipeline import ChunkReport, IngestCore, RawRecord
 from ingest.raw_batches import raw_records, through_unreadable
 from ingest.records import SourceRef
@@ -94,6 +89,7 @@ class KafkaSource(Lifecycle):
         poll_timeout_ms: int = 200,
         max_poll_interval_ms: int = 600_000,
         dlq_create: bool = True,
+        security: KafkaSecurity | None = None,
     ) -> None:
         self.core = core
         self.topic = topic
@@ -101,6 +97,7 @@ class KafkaSource(Lifecycle):
         self.poll_timeout_ms = poll_timeout_ms
         self._busy = asyncio.Lock()
         self.bootstrap = bootstrap
+        self.kafka = KafkaClients(bootstrap, security or KafkaSecurity())
         self.group = group
         self.max_poll_interval_ms = max_poll_interval_ms
         self.dlq_create = dlq_create
@@ -114,8 +111,7 @@ class KafkaSource(Lifecycle):
             return
         await self._check_topics()
         # Clients are made here, not in __init__: aiokafka binds them to the running loop.
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
+        self.consumer = self.kafka.consumer(
             group_id=self.group,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -124,13 +120,11 @@ class KafkaSource(Lifecycle):
             # member is considered dead and its partitions move.
             max_poll_interval_ms=self.max_poll_interval_ms,
         )
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap, enable_idempotence=True, acks="all"
-        )
+        self.producer = self.kafka.producer(enable_idempotence=True, acks="all")
         try:
-            await self.producer.start()
+            await self.kafka.start(self.producer.start())
             self.consumer.subscribe([self.topic], listener=_DrainOnRevoke(self._busy))
-            await self.consumer.start()
+            await self.kafka.start(self.consumer.start())
         except BaseException:
             await self.consumer.stop()
             await self.producer.stop()
@@ -143,9 +137,9 @@ class KafkaSource(Lifecycle):
         metadata and then raise), and create the dead-letter topic if it is missing (a
         producer would log 'not found' for a minute and then fail the chunk)."""
         dlq = dlq_topic(self.topic)
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        await admin.start()
+        admin = self.kafka.admin()
         try:
+            await self.kafka.start(admin.start())
             topics = set(await admin.list_topics())
             if self.topic not in topics:
                 raise TopicMissing(
@@ -170,7 +164,7 @@ class KafkaSource(Lifecycle):
         finally:
             await admin.close()
         try:
-            await ensure_topics(self.bootstrap, {dlq: TopicSpec(partitions)})
+            await ensure_topics(self.kafka, {dlq: TopicSpec(partitions)})
         except FlotillaError as exc:
             raise TopicMissing(
                 f"the dead-letter topic {dlq!r} could not be created ({exc.message}); {how}"
@@ -252,7 +246,7 @@ class KafkaSource(Lifecycle):
             if position is None:
                 position = (await self.consumer.beginning_offsets([tp]))[tp]
             self.consumer.seek(tp, position)
-            batches = await through_unreadable(self.bootstrap, tp, position)
+            batches = await through_unreadable(self.kafka, tp, position)
             if batches is None:
                 continue
             last = batches[-1]

@@ -18,12 +18,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from aiokafka import TopicPartition
-from aiokafka.client import AIOKafkaClient
 from aiokafka.codec import gzip_decode, lz4_decode, snappy_decode, zstd_decode
 from aiokafka.errors import for_code
 from aiokafka.protocol.fetch import FetchRequest
 from aiokafka.record.default_records import DefaultRecordBatch
 
+from ingest.kafka_clients import KafkaClients
 from ingest.pipeline import RawRecord
 from ingest.records import SourceRef
 
@@ -137,13 +137,13 @@ class _Reader:
 
 
 async def fetch_batches(
-    bootstrap: str, tp: TopicPartition, offset: int, max_bytes: int = 1_048_576
+    kafka: KafkaClients, tp: TopicPartition, offset: int, max_bytes: int = 1_048_576
 ) -> list[RawBatch]:
     """The batches of ``tp`` from the one holding ``offset``, as the leader returns them
     to one fetch (at least one batch, however large, since Kafka 0.10.1)."""
-    client = AIOKafkaClient(bootstrap_servers=bootstrap)
+    client = kafka.client()
     try:
-        await client.bootstrap()
+        await kafka.start(client.bootstrap())
         await client.add_topic(tp.topic)
         leader = client.cluster.leader_for_partition(tp)
         if leader is None or leader < 0:
@@ -164,13 +164,13 @@ async def fetch_batches(
 
 
 async def through_unreadable(
-    bootstrap: str, tp: TopicPartition, offset: int, *, windows: int = 8
+    kafka: KafkaClients, tp: TopicPartition, offset: int, *, windows: int = 8
 ) -> list[RawBatch] | None:
     """The batches of ``tp`` from ``offset`` through the first one the client cannot
     read, looking ``windows`` fetches ahead; None if there is none there."""
     seen: list[RawBatch] = []
     for _ in range(windows):
-        batches = [b for b in await fetch_batches(bootstrap, tp, offset) if b.next_offset > offset]
+        batches = [b for b in await fetch_batches(kafka, tp, offset) if b.next_offset > offset]
         if not batches:
             return None
         for batch in batches:

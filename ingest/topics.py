@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
 from embedder.core.errors import NotReady
+from ingest.kafka_clients import KafkaClients
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,11 +17,11 @@ class TopicSpec:
     configs: Mapping[str, str] = field(default_factory=dict)
 
 
-async def ensure_topics(bootstrap: str, topics: Mapping[str, TopicSpec]) -> None:
+async def ensure_topics(kafka: KafkaClients, topics: Mapping[str, TopicSpec]) -> None:
     """Create the topics that do not exist yet (replicated up to 3 times); existing
     ones are left as they are, whoever made them."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
+    admin = kafka.admin()
+    await kafka.start(admin.start())
     try:
         existing = set(await admin.list_topics())
         missing = [name for name in topics if name not in existing]

@@ -49,10 +49,12 @@ def _free_port() -> int:
 class NatsServer:
     """start()/stop() are idempotent; a context manager. halt() and resume() freeze the
     process (SIGSTOP/SIGCONT): an outage without losing the store; kill() and restart()
-    crash it (SIGKILL) and start it again on the same port and store."""
+    crash it (SIGKILL) and start it again on the same port and store. ``extra_config`` is
+    appended to the server's configuration file (a tls or authorization block)."""
 
-    def __init__(self, *, start_timeout_s: float = 15.0) -> None:
+    def __init__(self, *, start_timeout_s: float = 15.0, extra_config: str = "") -> None:
         self.start_timeout_s = start_timeout_s
+        self.extra_config = extra_config
         self._dir: Path | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._port = 0
@@ -87,7 +89,7 @@ class NatsServer:
         config = self._dir / "server.conf"
         config.write_text(
             f"max_payload: {MAX_PAYLOAD_BYTES}\n"
-            f'jetstream {{ store_dir: "{self._dir / "store"}" }}\n'
+            f'jetstream {{ store_dir: "{self._dir / "store"}" }}\n{self.extra_config}\n'
         )
         atexit.register(self.stop)
         self._launch()

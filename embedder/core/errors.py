@@ -112,3 +112,13 @@ class Undeliverable(FlotillaError):
 
     http_status = 502
     code = "undeliverable"
+
+
+class LinkRefused(FlotillaError):
+    """A server flotilla connects to (NATS, Kafka) refused the link's security, or the link
+    could not be secured: credentials rejected, a certificate that failed verification on
+    either side, TLS files that cannot be read. Retrying with the same settings meets the
+    same answer, so it stops the start; the message names the setting to fix."""
+
+    http_status = 503
+    code = "link_refused"

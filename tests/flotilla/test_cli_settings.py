@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import pytest
 import typer
+from pydantic import SecretStr
 from typer.core import TyperGroup
 from typer.testing import CliRunner
 
@@ -35,6 +36,7 @@ from lora.config import Prices, TrainConfig
 # taken from flotilla.cli, so that a change to what a command shows is a change to this
 # table too.
 NATS = {name for name in setting_fields(LoraSettings) if name.startswith("nats")}
+KAFKA_SECURITY = {name for name in setting_fields(LoraSettings) if name.startswith("kafka_")}
 READS: dict[tuple[str, ...], frozenset[str]] = {
     # flotilla.serve: serve() (uvicorn, logging), build_app() (fleet and model cache, the
     # model host with the requests and ocr sections, adapter_catalog(), configured_store(),
@@ -52,6 +54,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
+            *KAFKA_SECURITY,
             *("collection", "ingest_max_text_bytes", "ingest_model", "ingest_ocr_model"),
             *("chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
         }
@@ -83,6 +86,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels", "ocr_pdf_dpi"),
             *("ocr_local_roots",),
             *("kafka",),
+            *KAFKA_SECURITY,
             *NATS,
             *("store", "qdrant_url", "qdrant_api_key"),
             *("bytes_per_token", "collection", "ingest_max_text_bytes", "ingest_model"),
@@ -105,6 +109,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("ocr_pdf_dpi", "ocr_local_roots"),
             *("store", "qdrant_url", "qdrant_api_key"),
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
+            *KAFKA_SECURITY,
             *("progress_interval_s", "api_keys", "max_body_bytes", "max_inflight_tokens"),
         }
     ),
@@ -259,6 +264,8 @@ def values(name: str, cls: type[Settings], tmp: Path) -> tuple[list[str], str, A
         return [flag(name), "0.5"], "0.25", 0.5
     if typing.get_origin(annotation) in (list, tuple):  # of str, or of Path
         return [flag(name), "a,b"], "c", typing.get_origin(annotation)(map(args[0], "ab"))
+    if SecretStr in (annotation, *args):  # compared by its value, shown as asterisks
+        return [flag(name), f"flag-{name}"], f"env-{name}", SecretStr(f"flag-{name}")
     if Path in (annotation, *args):
         return [flag(name), str(tmp / "flag" / name)], str(tmp / "env" / name), tmp / "flag" / name
     return [flag(name), f"flag-{name}"], f"env-{name}", f"flag-{name}"

@@ -231,3 +231,30 @@ def test_no_default_points_outside_the_working_directory() -> None:
             continue
         for path in default if isinstance(default, tuple | list) else [default]:
             assert not Path(path).is_absolute() and ".." not in Path(path).parts, name
+
+
+# -- secrets --------------------------------------------------------------------------
+
+
+def test_secrets_come_from_flags_and_variables_and_show_as_asterisks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLOTILLA_NATS_PASSWORD", "nats-Pa55")
+    monkeypatch.setenv("FLOTILLA_KAFKA_SASL_PASSWORD", "kafka-Pa55")
+    settings = Settings(nats_user="u", kafka_security_protocol="SASL_SSL", kafka_sasl_username="k")
+    assert settings.nats_security.password is not None
+    assert settings.nats_security.password.get_secret_value() == "nats-Pa55"
+    assert settings.kafka_security.sasl_password is not None
+    assert settings.kafka_security.sasl_password.get_secret_value() == "kafka-Pa55"
+    shown = f"{settings!r} {settings.model_dump()} {setting_values(settings)}"
+    assert "Pa55" not in shown
+
+
+def test_a_refused_setting_never_echoes_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flotilla.serve, "serve", lambda settings: None)
+    env = {"FLOTILLA_KAFKA_SASL_PASSWORD": "kafka-Pa55"}
+    result = CliRunner().invoke(app, ["serve", "--kafka-sasl-username", "k"], env=env)
+    assert result.exit_code == 2, result.output
+    assert "SASL user and password need" in result.output  # the check, by its settings
+    assert "--kafka-security-protocol" in result.output
+    assert "Pa55" not in result.output

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -133,9 +133,12 @@ class KafkaBroker:
 
     auto_create_topics is off by default, as in most production clusters: a test that
     forgets to create its topic fails instead of getting a one-partition topic by accident.
-    extra_properties override or extend the generated server.properties. halt() and
-    resume() make an outage: the process goes and comes back on the same ports and
-    storage, as a restarted production broker does.
+    extra_properties override or extend the generated server.properties. listeners adds
+    named listeners beside PLAINTEXT (name -> security protocol, as SASL_SSL), each on a
+    port of its own (``address(name)``), configured through extra_properties
+    (``listener.name.<name>.*``); format_args go to the storage format (``--add-scram``).
+    halt() and resume() make an outage: the process goes and comes back on the same ports
+    and storage, as a restarted production broker does.
     """
 
     def __init__(
@@ -144,12 +147,17 @@ class KafkaBroker:
         heap_mb: int = 512,
         auto_create_topics: bool = False,
         extra_properties: Mapping[str, str] | None = None,
+        listeners: Mapping[str, str] | None = None,
+        format_args: Sequence[str] = (),
         start_timeout_s: float = 60.0,
         stop_timeout_s: float = 15.0,
     ) -> None:
         self.heap_mb = heap_mb
         self.auto_create_topics = auto_create_topics
         self.extra_properties = dict(extra_properties or {})
+        self.listeners = dict(listeners or {})
+        self.format_args = list(format_args)
+        self._listener_ports: dict[str, int] = {}
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.cluster_id = ""
@@ -165,6 +173,12 @@ class KafkaBroker:
         if not self.running:
             raise RuntimeError("the broker is not running (not started, stopped, or it exited)")
         return f"{HOST}:{self._port}"
+
+    def address(self, listener: str) -> str:
+        """host:port of one of the ``listeners`` given at construction."""
+        if not self.running:
+            raise RuntimeError("the broker is not running (not started, stopped, or it exited)")
+        return f"{HOST}:{self._listener_ports[listener]}"
 
     @property
     def running(self) -> bool:
@@ -203,7 +217,10 @@ class KafkaBroker:
     def _properties(self, broker_port: int, controller_port: int) -> dict[str, str]:
         assert self._dir is not None
         controller = f"{HOST}:{controller_port}"
-        listeners = f"PLAINTEXT://{HOST}:{broker_port},CONTROLLER://{controller}"
+        ports = {"PLAINTEXT": broker_port, **self._listener_ports}
+        listeners = ",".join(f"{name}://{HOST}:{port}" for name, port in ports.items())
+        listeners += f",CONTROLLER://{controller}"
+        protocols = {"CONTROLLER": "PLAINTEXT", "PLAINTEXT": "PLAINTEXT", **self.listeners}
         properties = {
             "process.roles": "broker,controller",
             "node.id": "1",
@@ -213,7 +230,7 @@ class KafkaBroker:
             "inter.broker.listener.name": "PLAINTEXT",
             "listeners": listeners,
             "advertised.listeners": listeners,
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "listener.security.protocol.map": ",".join(f"{k}:{v}" for k, v in protocols.items()),
             "log.dirs": str(self._dir / "data"),
             "num.partitions": "1",
             "auto.create.topics.enable": str(self.auto_create_topics).lower(),
@@ -237,7 +254,8 @@ class KafkaBroker:
         assert self._dir is not None
         logs = self._dir / "logs"
         logs.mkdir()
-        self._port, controller_port = _free_ports(2)
+        self._port, controller_port, *extra = _free_ports(2 + len(self.listeners))
+        self._listener_ports = dict(zip(self.listeners, extra, strict=True))
         config = self._dir / "server.properties"
         config.write_text(
             "".join(f"{k}={v}\n" for k, v in self._properties(self._port, controller_port).items())
@@ -251,6 +269,7 @@ class KafkaBroker:
         format_command = [java, "-Xmx128m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
         format_command += ["-cp", classpath, "kafka.tools.StorageTool"]
         format_command += ["format", "-t", self.cluster_id, "-c", str(config), "--standalone"]
+        format_command += self.format_args
         formatted = subprocess.run(
             format_command,
             capture_output=True,

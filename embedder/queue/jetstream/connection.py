@@ -15,7 +15,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
@@ -23,6 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
 
 from embedder.core.lifecycle import cancel_and_wait, watch
+from embedder.queue.jetstream.security import NatsSecurity, open_connection
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,17 @@ class Connection:
     worker heartbeat), and ``needs``: the coroutine that makes sure everything that side
     relies on exists on the server (idempotent; it may use ``nc`` and ``js``)."""
 
-    def __init__(self, url: str, name: str, needs: Callable[[], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        needs: Callable[[], Awaitable[None]],
+        security: NatsSecurity | None = None,
+    ) -> None:
         self.url = url
         self.name = name
         self._needs = needs
+        self.security = security or NatsSecurity()
         self._nc: Client | None = None
         self._js: JetStreamContext | None = None
         self._renewing: asyncio.Task[None] | None = None
@@ -109,8 +116,11 @@ class Connection:
         """Connect and ensure the needs once; either failing fails the start."""
         if self._nc is not None:
             return
-        self._nc = await nats.connect(
+        # A server that refuses the link's security (TLS, credentials) fails this at once,
+        # naming the setting, instead of being retried forever.
+        self._nc = await open_connection(
             self.url,
+            self.security,
             name=self.name,
             max_reconnect_attempts=-1,  # a request meanwhile is bounded by its deadline
             reconnect_time_wait=RECONNECT_WAIT_S,

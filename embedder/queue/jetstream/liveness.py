@@ -23,6 +23,7 @@ from embedder.core.jobs import ModelStates
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait, watch
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.connection import UNREACHABLE, Connection, Sparse, missing
+from embedder.queue.jetstream.security import NatsSecurity
 from embedder.queue.jetstream.streams import workers_bucket
 from embedder.queue.remote_workers import RemoteWorkers
 
@@ -53,6 +54,7 @@ class WorkerLiveness(Lifecycle):
         states: ModelStates,
         config: JetStreamConfig | None = None,
         interval_s: float = INTERVAL_S,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
         self.worker_id = worker_id
@@ -60,7 +62,7 @@ class WorkerLiveness(Lifecycle):
         self.states = states
         self.config = config or JetStreamConfig()
         self.interval_s = interval_s
-        self._link = Connection(url, f"flotilla-liveness {worker_id}", self._establish)
+        self._link = Connection(url, f"flotilla-liveness {worker_id}", self._establish, security)
         self._kv: KeyValue | None = None
         self._task: asyncio.Task[None] | None = None
         self._failures = Sparse(log)
@@ -133,12 +135,13 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         url: str,
         config: JetStreamConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
         self.config = config or JetStreamConfig()
         self.clock = clock
         self._workers: dict[str, _Seen] = {}
-        self._link = Connection(url, "flotilla-gateway-liveness", self._watch)
+        self._link = Connection(url, "flotilla-gateway-liveness", self._watch, security)
         self._task: asyncio.Task[None] | None = None
         self._watcher: KeyValue.KeyWatcher | None = None
         self._heard_after = 0  # the connection's reconnects when a worker was last heard

@@ -23,6 +23,7 @@ from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.connection import Connection
 from embedder.queue.jetstream.dead_letters import DeadLetters
 from embedder.queue.jetstream.fetcher import HANDLED, Fetcher
+from embedder.queue.jetstream.security import NatsSecurity
 from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.protocol import Outcome, Partial
 from embedder.tasks.embed.batching import take_within, urgency
@@ -63,12 +64,13 @@ class JetStreamPuller(Lifecycle):
         config: JetStreamConfig | None = None,
         name: str = "flotilla-worker",
         clock: Callable[[], float] = time.time,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
         self.config = config or JetStreamConfig()
         self.name = name
         self.clock = clock
-        self._link = Connection(url, name, self._establish)
+        self._link = Connection(url, name, self._establish, security)
         self._fetcher: Fetcher | None = None
         self._held: dict[str, _Held] = {}
         self._tokens_per_job = FIRST_GUESS_TOKENS

@@ -24,6 +24,7 @@ from embedder.core.lifecycle import Lifecycle
 from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.connection import UNREACHABLE, Connection, missing
+from embedder.queue.jetstream.security import NatsSecurity
 from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.protocol import Partial, ReplyStream, resolve
 
@@ -54,6 +55,7 @@ class JetStreamSubmitter(Lifecycle):
         inbox: str,
         config: JetStreamConfig | None = None,
         clock: Callable[[], float] = time.time,
+        security: NatsSecurity | None = None,
     ) -> None:
         self.url = url
         self.inbox = inbox
@@ -63,7 +65,7 @@ class JetStreamSubmitter(Lifecycle):
         self._waiters: dict[str, tuple[asyncio.Future[JobResult], Job]] = {}
         self._streams: dict[str, _Reassembly] = {}
         self._announcing: set[asyncio.Future[None]] = set()
-        self._link = Connection(url, f"flotilla-gateway {inbox}", self._establish)
+        self._link = Connection(url, f"flotilla-gateway {inbox}", self._establish, security)
         self._sub: Subscription | None = None
         self._rounds = 0  # times the jobs waiting were published again
 

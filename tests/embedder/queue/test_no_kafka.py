@@ -20,6 +20,8 @@ KAFKA = ("aiokafka",)
         ("gateway.app", "gateway.service", "embedder.host", "embedder.tasks.embed.worker"),
         # Requests travel on JetStream: only ingest talks to Kafka.
         ("embedder.queue.jetstream.submitter", "embedder.queue.jetstream.puller"),
+        # The settings hold the Kafka link's security without its client.
+        ("flotilla.settings", "ingest.kafka_security"),
     ],
 )
 def test_these_imports_leave_aiokafka_out(modules: tuple[str, ...]) -> None:
@@ -42,6 +44,8 @@ NATS = ("nats",)
         ("gateway.app", "gateway.service", "embedder.host", "embedder.tasks.embed.worker"),
         # The JetStream message format: its package must not drag the client in either.
         ("embedder.queue.jetstream", "embedder.queue.jetstream.wire"),
+        # The settings hold the NATS link's security without the client.
+        ("flotilla.settings", "embedder.queue.jetstream.security"),
     ],
 )
 def test_these_imports_leave_nats_out(modules: tuple[str, ...]) -> None:
