@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import SecretStr
+
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import FlotillaError
 from embedder.tasks.fleet import load_fleet
@@ -83,6 +85,8 @@ def _env(settings: LoraSettings, recipe: Recipe, seed: int) -> dict[str, str]:
             text = ",".join(map(str, value))
         elif isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, SecretStr):  # str() would pass the mask on, not the key
+            text = value.get_secret_value()
         else:
             text = str(value)
         env[f"FLOTILLA_{name.upper()}"] = text

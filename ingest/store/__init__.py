@@ -41,6 +41,7 @@ from ingest.store.errors import (
     InvalidStoreRequest,
     ShardLocked,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
 )
 
@@ -60,6 +61,7 @@ __all__ = [
     "Point",
     "ShardLocked",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "VectorLike",
     "VectorStore",

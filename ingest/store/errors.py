@@ -34,6 +34,14 @@ class StoreUnavailable(StoreError):
         self.retry_after_s = retry_after_s
 
 
+class StoreMisconfigured(StoreError):
+    """The store's server answers, but not as this client is configured to speak to it:
+    the URL's scheme, the CA that verifies it, the client certificate. Raised at start;
+    a retry will not fix it, so the message names the setting to change."""
+
+    code = "store_misconfigured"
+
+
 class ShardLocked(StoreError):
     """An embedded collection is owned by another process (or another store in this one).
 
