@@ -64,7 +64,8 @@ async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) ->
         note=lambda: f"lag {sum(source.lag.values())}",
     )
     async with progress:
-        async with IngestSupervisor(source, fatal=(TopicMissing,)) as supervisor:
+        supervisor = IngestSupervisor(source, fatal=(TopicMissing,), store=core.store_watch)
+        async with supervisor:
             running = asyncio.ensure_future(supervisor.wait())
             while not (running.done() or stop.is_set()):
                 await asyncio.wait({running}, timeout=1.0)

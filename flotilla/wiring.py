@@ -283,7 +283,7 @@ def kafka_ingest(settings: Settings, core: IngestCore) -> IngestSupervisor | Non
     serves, and its state is the ``IngestHealth`` of /ready and /metrics."""
     if not (settings.ingest.bootstrap and settings.ingest.topic):
         return None
-    return IngestSupervisor(kafka_source(settings, core))
+    return IngestSupervisor(kafka_source(settings, core), store=core.store_watch)
 
 
 def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:

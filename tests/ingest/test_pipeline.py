@@ -193,11 +193,16 @@ async def test_a_model_change_for_a_collection_is_refused(stack: Stack) -> None:
 
 async def test_store_outage_delays_but_loses_nothing() -> None:
     async for stack in make_stack(FlakyStore(failures=3)):
+        heard: list[str | None] = []
+        stack.core.store_watch.listen(heard.append)
         records = [record(i, f"d{i}", f"text {i}") for i in range(5)]
         report = await stack.process(records)  # returns only once the store confirmed
         assert report.upserted == 5
         assert isinstance(stack.store, FlakyStore) and stack.store.refused == 3
         assert await stack.store.count("main") == 5
+        # The watch heard the outage once (the same reason each retry) and its end.
+        assert heard == ["connection refused", None]
+        assert stack.core.store_watch.reason is None
 
 
 async def test_store_outage_beyond_the_deadline_raises_and_writes_nothing() -> None:
@@ -205,6 +210,7 @@ async def test_store_outage_beyond_the_deadline_raises_and_writes_nothing() -> N
         stack.core.backoff = Backoff(first_s=0.01, max_s=0.02, deadline_s=0.2)
         with pytest.raises(StoreUnavailable):
             await stack.process([record(0, "d", "text")])  # the caller must not commit
+        assert stack.core.store_watch.reason == "connection refused"  # still down
 
 
 # --- long documents: passages, replacing, deleting ---
