@@ -86,7 +86,17 @@ HTTP_API = ADAPTERS | {
     "ocr_max_document_bytes",
 }
 # wiring.configured_store(): the embedded store under data_dir, or a Qdrant server.
-STORE = frozenset({"store", "qdrant_url", "qdrant_api_key", "data_dir"})
+STORE = frozenset(
+    {
+        "store",
+        "qdrant_url",
+        "qdrant_api_key",
+        "qdrant_ca_file",
+        "qdrant_client_cert",
+        "qdrant_client_key",
+        "data_dir",
+    }
+)
 # wiring.local_stack()'s IngestCore: record_rules(), its QueueEmbedder and its chunking.
 CHUNKING = frozenset({"chunking", "chunk_max_tokens", "chunk_overlap_tokens"})
 RECORDS = CHUNKING | {

@@ -65,7 +65,10 @@ async def _consume(settings: Settings, core: IngestCore, stop: asyncio.Event) ->
         note=lambda: f"lag {sum(source.lag.values())}",
     )
     async with progress:
-        async with IngestSupervisor(source, fatal=(TopicMissing, LinkRefused)) as supervisor:
+        supervisor = IngestSupervisor(
+            source, fatal=(TopicMissing, LinkRefused), store=core.store_watch
+        )
+        async with supervisor:
             running = asyncio.ensure_future(supervisor.wait())
             while not (running.done() or stop.is_set()):
                 await asyncio.wait({running}, timeout=1.0)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -120,8 +120,28 @@ class Settings(BaseSettings):
         description="Where `flotilla lora add` registers LoRA adapters (<dir>/<model>/<name>/) "
         "and servers find them on first use; default <data-dir>/adapters.",
     )
-    qdrant_url: str | None = Field(default=None, description="Qdrant server URL (--store qdrant).")
-    qdrant_api_key: str | None = Field(default=None, description="Qdrant API key, if any.")
+    qdrant_url: str | None = Field(
+        default=None,
+        description="Qdrant server URL (--store qdrant); https://... speaks TLS, verifying the "
+        "server against --qdrant-ca-file or, without one, the system's trust store.",
+    )
+    # A SecretStr: the key shows as '**********' wherever the settings are printed or logged.
+    qdrant_api_key: SecretStr | None = Field(
+        default=None, description="Qdrant API key, if any; send it over https:// only."
+    )
+    qdrant_ca_file: Path | None = Field(
+        default=None,
+        description="PEM file of the CA(s) the Qdrant server's certificate must chain to (a "
+        "private CA); replaces the system's trust store for that server.",
+    )
+    qdrant_client_cert: Path | None = Field(
+        default=None,
+        description="PEM client certificate shown to a Qdrant server that requires one "
+        "(mutual TLS); its key too unless --qdrant-client-key is given.",
+    )
+    qdrant_client_key: Path | None = Field(
+        default=None, description="PEM private key of --qdrant-client-cert, if in its own file."
+    )
     progress_interval_s: float = Field(
         default=5.0,
         gt=0,
@@ -322,7 +342,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "bytes_per_token",
     ),
     "OCR": section_settings("ocr"),
-    "Vector store": ("store", "qdrant_url", "qdrant_api_key"),
+    "Vector store": (
+        "store",
+        "qdrant_url",
+        "qdrant_api_key",
+        "qdrant_ca_file",
+        "qdrant_client_cert",
+        "qdrant_client_key",
+    ),
     "Ingest": (
         "collection",
         "ingest_model",

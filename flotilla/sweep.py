@@ -87,6 +87,8 @@ def _env(settings: LoraSettings, recipe: Recipe, seed: int) -> dict[str, str]:
             text = ",".join(map(str, value))
         elif isinstance(value, bool):
             text = "true" if value else "false"
+        elif isinstance(value, SecretStr):  # str() would pass the mask on, not the key
+            text = value.get_secret_value()
         else:
             text = str(value)
         env[f"FLOTILLA_{name.upper()}"] = text

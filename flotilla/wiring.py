@@ -72,7 +72,15 @@ def configured_store(settings: Settings, *, serving_url: str | None = None) -> V
     if settings.store == "qdrant":
         if not settings.qdrant_url:
             raise SystemExit("--store qdrant needs --qdrant-url (FLOTILLA_QDRANT_URL)")
-        return open_store("qdrant", url=settings.qdrant_url, api_key=settings.qdrant_api_key)
+        key = settings.qdrant_api_key
+        return open_store(
+            "qdrant",
+            url=settings.qdrant_url,
+            api_key=None if key is None else key.get_secret_value(),
+            ca_file=settings.qdrant_ca_file,
+            client_cert=settings.qdrant_client_cert,
+            client_key=settings.qdrant_client_key,
+        )
     return open_store("edge", data_dir=settings.data_dir, serving_url=serving_url)
 
 
@@ -275,7 +283,7 @@ def kafka_ingest(settings: Settings, core: IngestCore) -> IngestSupervisor | Non
     serves, and its state is the ``IngestHealth`` of /ready and /metrics."""
     if not (settings.ingest.bootstrap and settings.ingest.topic):
         return None
-    return IngestSupervisor(kafka_source(settings, core))
+    return IngestSupervisor(kafka_source(settings, core), store=core.store_watch)
 
 
 def kafka_source(settings: Settings, core: IngestCore) -> KafkaSource:

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from ingest.health import IngestState
+
 # -- OpenAI, TEI, Cohere v1 -------------------------------------------------------------
 
 
@@ -246,10 +248,16 @@ class DocumentsDeleted(BaseModel):
 class IngestReadiness(BaseModel):
     """The Kafka ingest of this process (``serve --kafka --topic``)."""
 
-    state: Literal["starting", "running", "restarting", "failed", "stopped"]
+    state: IngestState = Field(
+        description="'waiting': running, but paused while the vector store is unavailable "
+        "(nothing is committed or skipped; it resumes by itself)."
+    )
     topic: str
     restarts: int = Field(description="Times the ingest loop failed and was restarted.")
-    last_error: str | None = Field(description="Why the last run failed, until one runs again.")
+    last_error: str | None = Field(
+        description="Why the last run failed, until one runs again; while waiting, why the "
+        "store is unavailable."
+    )
 
 
 class Readiness(BaseModel):

@@ -137,7 +137,8 @@ INGEST_READY_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": IngestReadiness},
     503: {
         "model": IngestReadiness,
-        "description": "Ingest is starting, restarting after a failure, or stopped.",
+        "description": "Ingest is starting, waiting on an unavailable store, restarting "
+        "after a failure, or stopped.",
     },
 }
 

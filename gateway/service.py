@@ -6,7 +6,6 @@ each on top of this."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import math
 import time
@@ -35,6 +34,7 @@ from gateway.admission import Admission
 from gateway.annotate import annotate
 from gateway.config import GatewayConfig
 from gateway.errors import BodyTimeout, ClientGone
+from gateway.keys import known_key
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +196,7 @@ class Gateway:
         if not keys:
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not any(
-            hmac.compare_digest(token.encode(), key.encode()) for key in keys
-        ):
+        if scheme.lower() != "bearer" or not known_key(token, keys):
             raise Unauthorized("missing or unknown API key: send 'Authorization: Bearer <key>'")
 
     async def read_body(self, request: Request) -> bytes:

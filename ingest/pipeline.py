@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from embedder.core.errors import FlotillaError, LimitExceeded
 from ingest.chunking import Chunking, Passage, page_passages
 from ingest.embedding import QueueEmbedder
+from ingest.health import StoreWatch
 from ingest.reading import QueueReader, ReadFailed, ReadPage
 from ingest.records import (
     Delete,
@@ -55,6 +56,7 @@ from ingest.store import (
     StoreError,
     VectorStore,
     chunk_point_id,
+    records_fault,
 )
 
 log = logging.getLogger(__name__)
@@ -95,19 +97,33 @@ class Backoff:
     max_s: float = 10.0
     deadline_s: float = 300.0
 
-    async def run(self, what: str, action: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+    async def run(
+        self,
+        what: str,
+        action: Callable[..., Awaitable[_T]],
+        *args: Any,
+        watch: StoreWatch | None = None,
+    ) -> _T:
+        """``action(*args)``, retried while it fails retriably; ``watch`` hears of each
+        retry and of the success that ends them."""
         start = time.monotonic()
         delay = self.first_s
         while True:
             try:
-                return await action(*args)
+                done = await action(*args)
             except FlotillaError as exc:
                 waited = time.monotonic() - start
                 if not exc.retriable or waited + delay > self.deadline_s:
                     raise
+                if watch is not None:
+                    watch.down(exc.message)
                 log.warning("%s failed (%s); retrying in %.1f s", what, exc.message, delay)
                 await asyncio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, self.max_s)
+            else:
+                if watch is not None:
+                    watch.up()
+                return done
 
 
 class IngestCore:
@@ -132,9 +148,15 @@ class IngestCore:
         self.store = store
         self.rules = rules
         self.backoff = backoff or Backoff()
+        # Hears of the store calls' retries: the supervisor reports ingest as waiting.
+        self.store_watch = StoreWatch()
         self.distance = distance
         self.chunking = chunking
         self._collections: dict[str, tuple[str, int]] = {}  # name -> (model, dimension) checked
+
+    async def _on_store(self, what: str, action: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """A store call, retried with backoff while the store is unavailable."""
+        return await self.backoff.run(what, action, *args, watch=self.store_watch)
 
     async def process(self, records: Sequence[RawRecord], dead_letter: DeadLetter) -> ChunkReport:
         report = ChunkReport()
@@ -301,7 +323,7 @@ class IngestCore:
             if self._collections.get(op.collection) != (op.model, dimension):
                 if op.collection not in refused:
                     try:
-                        await self.backoff.run(
+                        await self._on_store(
                             f"creating collection {op.collection}",
                             self.store.ensure_collection,
                             op.collection,
@@ -311,7 +333,7 @@ class IngestCore:
                         )
                         self._collections[op.collection] = (op.model, dimension)
                     except StoreError as exc:
-                        if exc.retriable:  # still failing at the deadline: the chunk fails
+                        if not records_fault(exc):  # the chunk fails, nothing committed
                             raise
                         # The model guard, a name the store refuses: these records' fault.
                         refused[op.collection] = exc.message
@@ -367,7 +389,7 @@ class IngestCore:
                 by_count.setdefault(len(passages[op.source]), []).append(op.doc_id)
         for collection, by_count in counts.items():
             for count, doc_ids in by_count.items():
-                await self.backoff.run(
+                await self._on_store(
                     f"deleting stale passages of {len(doc_ids)} documents from {collection}",
                     self.store.delete_matching,
                     collection,
@@ -387,7 +409,7 @@ class IngestCore:
         for collection, ops in deletes_by_collection.items():
             doc_ids = list(dict.fromkeys(each.doc_id for each in ops))
             try:
-                await self.backoff.run(
+                await self._on_store(
                     f"deleting {len(doc_ids)} documents from {collection}",
                     self.store.delete_matching,
                     collection,
@@ -396,7 +418,7 @@ class IngestCore:
             except CollectionNotFound:
                 pass  # a collection never written to has nothing to delete
             except StoreError as exc:
-                if exc.retriable:
+                if not records_fault(exc):
                     raise
                 for refused_op in ops:
                     reason = f"the store refused the delete: {exc.message}"
@@ -409,14 +431,14 @@ class IngestCore:
         cannot hold, say), halves it until each refused point stands alone and returns
         those with the reason: one bad point costs a few more writes, not the chunk."""
         try:
-            await self.backoff.run(
+            await self._on_store(
                 f"upserting {len(writes)} points into {collection}",
                 self.store.upsert,
                 collection,
                 [point for _, point in writes],
             )
         except StoreError as exc:
-            if exc.retriable:  # still failing at the deadline: the chunk fails
+            if not records_fault(exc):  # still failing at the deadline, or misconfigured
                 raise
             if len(writes) == 1:
                 return [(writes[0][0], f"the store refused the point: {exc.message}")]

@@ -5,6 +5,10 @@ it is fine. Its state is the ``IngestHealth`` that ``/ready`` and ``/metrics`` s
 
 Errors listed as ``fatal`` (a missing topic for `flotilla ingest`: a configuration
 error no retry fixes) end the supervisor instead, re-raised by ``wait``.
+
+A store outage is no failure of the run: the core holds its chunk and retries it (up to
+its backoff's deadline), and the state says ``waiting``, with the reason, until the store
+answers again.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from prometheus_client import Counter, Gauge
 
 from embedder.core.errors import FlotillaError
 from embedder.core.lifecycle import Lifecycle, cancel_and_wait
-from ingest.health import IngestState, IngestStatus
+from ingest.health import IngestState, IngestStatus, StoreWatch
 
 log = logging.getLogger(__name__)
 
 UP = Gauge("flotilla_ingest_up", "1 while the ingest loop is consuming, else 0.", ["topic"])
 RESTARTS = Counter(
     "flotilla_ingest_restarts", "Times the ingest loop failed and was restarted.", ["topic"]
+)
+STORE_UP = Gauge(
+    "flotilla_ingest_store_up",
+    "0 while ingest waits on an unavailable vector store (retrying its chunk), else 1.",
+    ["topic"],
 )
 
 
@@ -72,7 +81,10 @@ class IngestSupervisor(Lifecycle):
         *,
         policy: RestartPolicy | None = None,
         fatal: tuple[type[BaseException], ...] = (),
+        store: StoreWatch | None = None,
     ) -> None:
+        """``store``: the watch of the core the source feeds (``IngestCore.store_watch``),
+        so that a store outage shows as ``waiting`` while the source holds its chunk."""
         self.source = source
         self.policy = policy or RestartPolicy()
         self.fatal = fatal
@@ -80,7 +92,11 @@ class IngestSupervisor(Lifecycle):
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
         self._source_running = False
+        self._store = store
         UP.labels(source.topic).set(0)
+        STORE_UP.labels(source.topic).set(1)
+        if store is not None:
+            store.listen(self._store_changed)
 
     def status(self) -> IngestStatus:
         return self._status
@@ -88,6 +104,16 @@ class IngestSupervisor(Lifecycle):
     def _set(self, state: IngestState, last_error: str | None = None) -> None:
         self._status = IngestStatus(state, self.source.topic, self._status.restarts, last_error)
         UP.labels(self.source.topic).set(1 if state == "running" else 0)
+
+    def _consuming(self) -> None:
+        """Running, or waiting if the store is unavailable."""
+        reason = None if self._store is None else self._store.reason
+        self._set("running" if reason is None else "waiting", reason)
+
+    def _store_changed(self, reason: str | None) -> None:
+        STORE_UP.labels(self.source.topic).set(1 if reason is None else 0)
+        if self._status.state in ("running", "waiting"):
+            self._consuming()
 
     async def start(self) -> None:
         if self._task is None:
@@ -125,7 +151,7 @@ class IngestSupervisor(Lifecycle):
             try:
                 await self.source.start()
                 self._source_running = True
-                self._set("running")
+                self._consuming()
                 await self.source.wait()
                 return  # stopped on request
             except self.fatal as exc:

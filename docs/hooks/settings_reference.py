@@ -24,7 +24,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, BaseModel
+from pydantic import AliasChoices, BaseModel, SecretStr
 from pydantic.fields import FieldInfo
 
 MARKER = "<!-- settings-reference -->"
@@ -91,6 +91,8 @@ def type_name(annotation: Any) -> str:
         return f"list of {type_name(typing.get_args(annotation)[0])}, comma-separated"
     if annotation is type(None):
         return "none"
+    if annotation is SecretStr:  # a str to whoever sets it; only its printing is masked
+        return "str (secret)"
     if isinstance(annotation, type):
         return annotation.__name__
     return str(annotation)

@@ -41,7 +41,9 @@ from ingest.store.errors import (
     InvalidStoreRequest,
     ShardLocked,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
+    records_fault,
 )
 
 __all__ = [
@@ -60,12 +62,14 @@ __all__ = [
     "Point",
     "ShardLocked",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "VectorLike",
     "VectorStore",
     "chunk_point_id",
     "open_store",
     "point_id",
+    "records_fault",
 ]
 
 

@@ -34,6 +34,22 @@ class StoreUnavailable(StoreError):
         self.retry_after_s = retry_after_s
 
 
+class StoreMisconfigured(StoreError):
+    """The store's server answers, but not as this client is configured to speak to it:
+    the URL's scheme, the CA that verifies it, the client certificate. Raised at start;
+    a retry will not fix it, so the message names the setting to change."""
+
+    code = "store_misconfigured"
+
+
+def records_fault(exc: StoreError) -> bool:
+    """Whether a store's refusal is the records' own (a payload it cannot hold, a name it
+    refuses, the collection's model guard): those are dead-lettered. An outage is retried
+    and a misconfigured client (a refused API key) fails the chunk uncommitted, so neither
+    ever costs a document."""
+    return not (exc.retriable or isinstance(exc, StoreMisconfigured))
+
+
 class ShardLocked(StoreError):
     """An embedded collection is owned by another process (or another store in this one).
 

@@ -1,9 +1,14 @@
 """The Qdrant server path: ``VectorStore`` over ``qdrant-client``'s ``AsyncQdrantClient``.
 
 ``QdrantStore(url=..., api_key=...)`` talks to a server over REST (or gRPC with
-``prefer_grpc=True``). ``QdrantStore(location=":memory:")`` and ``QdrantStore(path=...)``
-are qdrant-client's local modes: pure-Python brute force that runs on the event loop
-itself, fine for tests and a few thousand points, not for production.
+``prefer_grpc=True``); an https URL is verified against ``ca_file`` (the system's trust
+store without one) and may show a client certificate (``qdrant_tls``). Entering the store
+(``async with``, or ``start``) calls the server once: a URL, CA or client certificate that
+does not fit it fails there (``StoreMisconfigured``, naming the setting), while a server
+that is merely down is logged and waited out by the writes' retries.
+``QdrantStore(location=":memory:")`` and ``QdrantStore(path=...)`` are qdrant-client's
+local modes: pure-Python brute force that runs on the event loop itself, fine for tests
+and a few thousand points, not for production.
 
 The embedding model is recorded in the collection's own metadata (``flotilla_model``);
 dimension and distance are read back from the collection's vector config.
@@ -15,13 +20,18 @@ pipeline backs off and retries; 404 becomes ``CollectionNotFound``; 400/422 beco
 
 from __future__ import annotations
 
+import importlib.metadata
+import logging
+import ssl
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 from qdrant_client import AsyncQdrantClient, models
 from qdrant_client.common.client_exceptions import ResourceExhaustedResponse
+from qdrant_client.common.version_check import is_compatible
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from embedder.core.lifecycle import Closable
@@ -52,9 +62,13 @@ from ingest.store.errors import (
     CollectionNotFound,
     InvalidStoreRequest,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     classified,
 )
+from ingest.store.qdrant_tls import misconfigured, tls_context
+
+log = logging.getLogger(__name__)
 
 MODEL_KEY = "flotilla_model"
 
@@ -82,6 +96,9 @@ class QdrantStore(Closable):
         url: str | None = None,
         *,
         api_key: str | None = None,
+        ca_file: Path | None = None,
+        client_cert: Path | None = None,
+        client_key: Path | None = None,
         location: str | None = None,
         path: str | None = None,
         prefer_grpc: bool = False,
@@ -92,6 +109,16 @@ class QdrantStore(Closable):
             raise InvalidStoreRequest(
                 "give exactly one of url (a server), location (':memory:') or path (local files)"
             )
+        tls = {"ca_file": ca_file, "client_cert": client_cert, "client_key": client_key}
+        if prefer_grpc and any(v is not None for v in tls.values()):
+            raise InvalidStoreRequest(
+                "qdrant-client's gRPC channel takes no CA file or client certificate: use REST"
+            )
+        self._tls = None if url is None or prefer_grpc else tls_context(url, **tls)
+        self._url = url
+        self._probe = url is not None and not prefer_grpc  # the probe speaks TCP to REST's port
+        self._client_cert = client_cert is not None
+        self._check_compatibility = check_compatibility
         self._client = AsyncQdrantClient(
             location=location,
             url=url,
@@ -99,9 +126,49 @@ class QdrantStore(Closable):
             api_key=api_key,
             prefer_grpc=prefer_grpc,
             timeout=timeout_s,
-            check_compatibility=check_compatibility,
+            # Checked in start() instead: the client's own check runs on a thread of its
+            # own with httpx's defaults, which neither know the CA nor show the certificate.
+            check_compatibility=False,
+            **_rest_options(self._tls),
         )
         self._specs: dict[str, CollectionSpec] = {}
+
+    async def start(self) -> None:
+        """On a server: call it once, so that settings that do not fit it fail here,
+        named, rather than as a retried write (the store is closed then: no use of it
+        could succeed); a server that is down is only logged."""
+        check_open(self)
+        if self._url is None:
+            return
+        try:
+            info = await self._client.info()
+            await self._client.get_collections()  # the root may answer without the API key
+        except Exception as exc:
+            refused = _classify(exc, None)
+            if isinstance(refused, StoreMisconfigured):  # the API key
+                await self.close()
+                raise refused from exc
+            problem = None
+            if self._probe:
+                problem = await misconfigured(self._url, self._tls, client_cert=self._client_cert)
+            if problem is not None:
+                await self.close()
+                raise StoreMisconfigured(problem) from exc
+            log.warning(
+                "the Qdrant server at %s does not answer yet (%s); writes retry until it does",
+                self._url,
+                _classify(exc, None).message,
+            )
+            return
+        client = importlib.metadata.version("qdrant-client")
+        if self._check_compatibility and not is_compatible(client, info.version):
+            log.warning(
+                "the Qdrant server at %s is version %s; qdrant-client %s speaks to servers of "
+                "its major version within one minor version",
+                self._url,
+                info.version,
+                client,
+            )
 
     async def ensure_collection(
         self, name: str, dimension: int, distance: Distance, model: str
@@ -239,6 +306,11 @@ class QdrantStore(Closable):
         )
 
 
+def _rest_options(tls: ssl.SSLContext | None) -> dict[str, Any]:
+    """What qdrant-client passes on to httpx: the TLS context as its ``verify``."""
+    return {} if tls is None else {"verify": tls}
+
+
 def _to_filter(conditions: list[Condition]) -> models.Filter | None:
     if not conditions:
         return None
@@ -294,7 +366,12 @@ def _classify_status(exc: UnexpectedResponse, where: str) -> StoreError:
     detail = exc.content[:300].decode("utf-8", "replace")
     if status == 404:
         return CollectionNotFound(f"{where}: not found ({detail})")
-    if status in (400, 422):
+    if status in (401, 403):  # the key, not the records: nothing may be dead-lettered for it
+        return StoreMisconfigured(
+            f"{where} refused this client's API key ({status}): check --qdrant-api-key "
+            "(FLOTILLA_QDRANT_API_KEY)"
+        )
+    if status in (400, 413, 422):
         return InvalidStoreRequest(f"{where} refused the request: {detail}")
     if status == 429 or status >= 500:
         return StoreUnavailable(f"{where} answered {status}: {detail}")

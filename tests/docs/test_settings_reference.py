@@ -58,6 +58,8 @@ def test_a_row_gives_type_default_and_description() -> None:
     assert "Port of the HTTP API" in port
     chunking = next(line for line in page.splitlines() if "{#FLOTILLA_CHUNKING}" in line)
     assert "`--no-chunking`" in chunking and "`true`" in chunking
+    key = next(line for line in page.splitlines() if "{#FLOTILLA_QDRANT_API_KEY}" in line)
+    assert "| str (secret) or none | unset |" in key
 
 
 class Limits(BaseModel):

@@ -37,6 +37,9 @@ from lora.config import Prices, TrainConfig
 # table too.
 NATS = {name for name in setting_fields(LoraSettings) if name.startswith("nats")}
 KAFKA_SECURITY = {name for name in setting_fields(LoraSettings) if name.startswith("kafka_")}
+# wiring.configured_store(): the store's kind and a Qdrant server's URL, key and TLS files.
+STORE = {"store", "qdrant_url", "qdrant_api_key", "qdrant_ca_file", "qdrant_client_cert"}
+STORE |= {"qdrant_client_key"}
 READS: dict[tuple[str, ...], frozenset[str]] = {
     # flotilla.serve: serve() (uvicorn, logging), build_app() (fleet and model cache, the
     # model host with the requests and ocr sections, adapter_catalog(), configured_store(),
@@ -52,7 +55,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("ocr_local_roots",),
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
-            *("store", "qdrant_url", "qdrant_api_key"),
+            *STORE,
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
             *KAFKA_SECURITY,
             *("collection", "ingest_max_text_bytes", "ingest_model", "ingest_ocr_model"),
@@ -68,7 +71,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("host", "port", "log_level", "fleet", "adapters_dir", "data_dir"),
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
-            *("store", "qdrant_url", "qdrant_api_key"),
+            *STORE,
             *("reply_topic_prefix", "gateway_id"),
             *("ocr_max_document_bytes", "ocr_max_pages"),
             *NATS,
@@ -88,7 +91,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("kafka",),
             *KAFKA_SECURITY,
             *NATS,
-            *("store", "qdrant_url", "qdrant_api_key"),
+            *STORE,
             *("bytes_per_token", "collection", "ingest_max_text_bytes", "ingest_model"),
             *("ingest_ocr_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
             *("topic", "group", "ingest_max_records", "dlq_create"),
@@ -107,7 +110,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("ingest_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
             *("ingest_ocr_model", "ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels"),
             *("ocr_pdf_dpi", "ocr_local_roots"),
-            *("store", "qdrant_url", "qdrant_api_key"),
+            *STORE,
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
             *KAFKA_SECURITY,
             *("progress_interval_s", "api_keys", "max_body_bytes", "max_inflight_tokens"),
@@ -121,7 +124,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned"),
             *("bytes_per_token", "collection", "ingest_max_text_bytes", "progress_interval_s"),
-            *("store", "qdrant_url", "qdrant_api_key"),
+            *STORE,
         }
     ),
     ("models",): frozenset({"fleet"}),  # load_fleet() only: listing needs no weights

@@ -71,6 +71,24 @@ async def committed_lag(bootstrap: str, topic: str, group: str, partitions: int)
         await consumer.stop()
 
 
+async def topic_size(bootstrap: str, topic: str) -> int:
+    """Records ever written to the topic (the sum of its partitions' end offsets)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        (described,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    partitions = [TopicPartition(topic, p["partition"]) for p in described["partitions"]]
+    assert partitions, f"no topic {topic}"
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        return sum((await consumer.end_offsets(partitions)).values())
+    finally:
+        await consumer.stop()
+
+
 async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not await check():

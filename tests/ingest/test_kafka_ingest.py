@@ -1,5 +1,6 @@
 """Kafka ingestion into the store against the real broker: exactly the documents,
-poison to the dead-letter topic, tombstones, and store outages.
+poison to the dead-letter topic, tombstones, and store outages (a store that refuses
+writes, and the Qdrant server itself killed mid-stream and started again).
 
 The model is a tiny random-weight BERT built here (plumbing, not quality); stored
 vectors are compared with the same model's direct embedding of each text.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +30,27 @@ from ingest.embedding import QueueEmbedder
 from ingest.kafka_source import ERROR_HEADER, KafkaSource, dlq_topic
 from ingest.pipeline import Backoff, IngestCore
 from ingest.records import RecordRules
-from ingest.store import Point, StoreUnavailable, VectorStore, point_id
+from ingest.store import CollectionNotFound, Point, StoreUnavailable, VectorStore, point_id
 from ingest.store.qdrant import QdrantStore
+from ingest.supervisor import STORE_UP, UP, IngestSupervisor, RestartPolicy
 from tests.gateway.conftest import hub_offline
-from tests.ingest.kafka_helpers import committed_lag, create_topic, produce, read_all, until
+from tests.ingest.kafka_helpers import (
+    committed_lag,
+    create_topic,
+    produce,
+    read_all,
+    topic_size,
+    until,
+)
+from tests.ingest.store.server_fixture import free_port, start_store_server, stop, wait_ready
 from tests.kafka.fixtures import unique_name
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow
 
 COLLECTION = "docs"
+QUICK = RestartPolicy(first_s=0.2, max_s=1.0)
+FAST = Backoff(first_s=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -65,36 +78,48 @@ class Members:
     sources: list[KafkaSource]
     store: VectorStore
     fleet: Fleet
+    supervisors: list[IngestSupervisor]  # one per source, when supervised
 
 
 @contextlib.asynccontextmanager
 async def members(
-    fleet_path: Path, bootstrap: str, topic: str, group: str, count: int, store: VectorStore
+    fleet_path: Path,
+    bootstrap: str,
+    topic: str,
+    group: str,
+    count: int,
+    store: VectorStore,
+    *,
+    backoff: Backoff = FAST,
+    supervised: bool = False,
 ) -> AsyncIterator[Members]:
-    """``count`` consumer-group members sharing one model host, queue and store."""
+    """``count`` consumer-group members sharing one model host, queue and store; each run
+    by an ``IngestSupervisor`` (as `flotilla serve` runs it) if ``supervised``."""
     fleet = load_fleet(fleet_path)
     queue = InProcessQueue()
     host = ModelHost(fleet, queue, options=[RequestLimits()], device="cpu", threads=2)
     rules = RecordRules(COLLECTION, "tiny", 10_000, lambda n: n if n in fleet.models else None)
     async with host:
         await host.wait_ready()
-        sources = [
-            KafkaSource(
-                IngestCore(QueueEmbedder(queue), store, rules, backoff=Backoff(first_s=0.05)),
-                bootstrap=bootstrap,
-                topic=topic,
-                group=group,
-                max_records=256,
-            )
-            for _ in range(count)
+        cores = [
+            IngestCore(QueueEmbedder(queue), store, rules, backoff=backoff) for _ in range(count)
         ]
-        for source in sources:
-            await source.start()
+        sources = [
+            KafkaSource(core, bootstrap=bootstrap, topic=topic, group=group, max_records=256)
+            for core in cores
+        ]
+        supervisors = [
+            IngestSupervisor(source, policy=QUICK, store=core.store_watch)
+            for source, core in zip(sources, cores, strict=True)
+        ]
+        running: Sequence[KafkaSource | IngestSupervisor] = supervisors if supervised else sources
+        for each in running:
+            await each.start()
         try:
-            yield Members(sources, store, fleet)
+            yield Members(sources, store, fleet, supervisors if supervised else [])
         finally:
-            for source in sources:
-                await source.stop()
+            for each in running:
+                await each.stop()
 
 
 def documents(n: int) -> list[tuple[str, str]]:
@@ -271,3 +296,83 @@ async def test_store_outage_commits_nothing_and_loses_nothing(
 
 async def _refused_twice(store: OutageStore) -> bool:
     return store.refused >= 2
+
+
+async def test_a_qdrant_server_outage_pauses_ingest_and_loses_nothing(
+    kafka_broker: KafkaBroker, tiny_fleet: Path, tmp_path: Path
+) -> None:
+    """The real thing: the Qdrant server (the store server, through qdrant-client) is
+    killed mid-stream, its port refusing connections for a few seconds, then started
+    again on the same port and data. Meanwhile ingest reports that it waits on the store
+    and commits nothing; then it resumes by itself, and every document is stored exactly
+    once with its own vector: none skipped, none dead-lettered."""
+    bootstrap, group = kafka_broker.bootstrap, unique_name("g")
+    topic = await new_topic(bootstrap, "qdrant-outage", 2)
+    docs = documents(900)
+    data_dir, log, port = tmp_path / "vectors", tmp_path / "store.log", free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = start_store_server(data_dir, port, log)
+    await asyncio.to_thread(wait_ready, url, server, log)
+    store = QdrantStore(url=url, timeout_s=2)
+    quick = Backoff(first_s=0.05, max_s=0.5, deadline_s=30)
+    try:
+        async with members(
+            tiny_fleet, bootstrap, topic, group, 1, store, backoff=quick, supervised=True
+        ) as m:
+            (supervisor,) = m.supervisors
+            # A stream: batches of 30 documents, 0.15 s apart, the server killed in between.
+            stream = asyncio.create_task(produce_slowly(bootstrap, topic, docs, 30, 0.15))
+            await until(lambda: stored_at_least(store, 150), 60, "the first documents stored")
+            server.kill()  # the harshest stop: writes in flight get no answer
+            await asyncio.to_thread(server.wait, 30)
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+            await until(lambda: is_waiting(supervisor), 30, "ingest to report the outage")
+            status = supervisor.status()
+            assert not status.up and status.restarts == 0
+            assert "unreachable: ConnectError" in (status.last_error or "")
+            assert (STORE_UP.labels(topic)._value.get(), UP.labels(topic)._value.get()) == (0, 0)
+            await stream
+            behind = await committed_lag(bootstrap, topic, group, 2)
+            await asyncio.sleep(3)  # down a few seconds more: nothing moves
+            assert await committed_lag(bootstrap, topic, group, 2) == behind > 0
+            assert supervisor.status().state == "waiting"
+
+            server = start_store_server(data_dir, port, log)  # same data, same address
+            await asyncio.to_thread(wait_ready, url, server, log)
+            await until(lambda: _drained(bootstrap, topic, group), 60, "ingest to resume")
+            status = supervisor.status()
+            assert (status.state, status.restarts, status.last_error) == ("running", 0, None)
+            assert STORE_UP.labels(topic)._value.get() == 1
+            assert m.sources[0].totals.dead_lettered == 0
+        assert await topic_size(bootstrap, dlq_topic(topic)) == 0
+        assert await store.count(COLLECTION) == len(docs)  # each id once
+        points = await stored_points(store, [d for d, _ in docs])
+        assert [p.payload["doc_id"] for p in points] == [d for d, _ in docs]
+        want = expected_vectors(m.fleet, [t for _, t in docs])
+        cosine = (np.stack([np.asarray(p.vector) for p in points]) * want).sum(axis=1)
+        assert cosine.min() >= 0.9999, cosine.min()
+    finally:
+        await store.close()
+        stop(server)
+
+
+async def produce_slowly(
+    bootstrap: str, topic: str, docs: list[tuple[str, str]], batch: int, pause_s: float
+) -> None:
+    for start in range(0, len(docs), batch):
+        chunk = docs[start : start + batch]
+        await produce(bootstrap, topic, [(d.encode(), t.encode()) for d, t in chunk])
+        await asyncio.sleep(pause_s)
+
+
+async def stored_at_least(store: VectorStore, n: int) -> bool:
+    try:
+        return await store.count(COLLECTION) >= n
+    except CollectionNotFound:  # not before the first write
+        return False
+
+
+async def is_waiting(supervisor: IngestSupervisor) -> bool:
+    return supervisor.status().state == "waiting"

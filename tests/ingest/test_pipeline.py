@@ -24,6 +24,7 @@ from ingest.store import (
     InvalidStoreRequest,
     PayloadFilter,
     Point,
+    StoreMisconfigured,
     StoreUnavailable,
     chunk_point_id,
     point_id,
@@ -193,11 +194,16 @@ async def test_a_model_change_for_a_collection_is_refused(stack: Stack) -> None:
 
 async def test_store_outage_delays_but_loses_nothing() -> None:
     async for stack in make_stack(FlakyStore(failures=3)):
+        heard: list[str | None] = []
+        stack.core.store_watch.listen(heard.append)
         records = [record(i, f"d{i}", f"text {i}") for i in range(5)]
         report = await stack.process(records)  # returns only once the store confirmed
         assert report.upserted == 5
         assert isinstance(stack.store, FlakyStore) and stack.store.refused == 3
         assert await stack.store.count("main") == 5
+        # The watch heard the outage once (the same reason each retry) and its end.
+        assert heard == ["connection refused", None]
+        assert stack.core.store_watch.reason is None
 
 
 async def test_store_outage_beyond_the_deadline_raises_and_writes_nothing() -> None:
@@ -205,6 +211,7 @@ async def test_store_outage_beyond_the_deadline_raises_and_writes_nothing() -> N
         stack.core.backoff = Backoff(first_s=0.01, max_s=0.02, deadline_s=0.2)
         with pytest.raises(StoreUnavailable):
             await stack.process([record(0, "d", "text")])  # the caller must not commit
+        assert stack.core.store_watch.reason == "connection refused"  # still down
 
 
 # --- long documents: passages, replacing, deleting ---
@@ -425,3 +432,20 @@ async def test_a_collection_the_store_refuses_dead_letters_its_records() -> None
         )
         assert (report.upserted, report.dead_lettered) == (1, 1)
         assert "not allowed" in stack.dead[0][1]
+
+
+class LockedOutStore(QdrantStore):
+    """Answers every upsert as a server does to a revoked API key."""
+
+    def __init__(self) -> None:
+        super().__init__(location=":memory:")
+
+    async def upsert(self, collection: str, points: Sequence[Point]) -> None:
+        raise StoreMisconfigured("refused this client's API key (401)")
+
+
+async def test_a_refused_api_key_fails_the_chunk_and_dead_letters_nothing() -> None:
+    async for stack in make_stack(LockedOutStore()):
+        with pytest.raises(StoreMisconfigured):  # uncommitted: redelivered once fixed
+            await stack.process([record(i, f"d{i}", f"text {i}") for i in range(4)])
+        assert stack.dead == []

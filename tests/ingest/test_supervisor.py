@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from ingest.supervisor import UP, IngestSupervisor, RestartPolicy
+from ingest.health import StoreWatch
+from ingest.supervisor import STORE_UP, UP, IngestSupervisor, RestartPolicy
 
 QUICK = RestartPolicy(first_s=0.01, max_s=0.05, healthy_s=60)
 
@@ -84,6 +85,37 @@ async def test_while_backing_off_the_status_says_why() -> None:
         assert status.last_error == "ConnectionError: no route"
     # stop() during the 15-30 s backoff returns at once
     assert supervisor.status().state == "stopped"
+
+
+async def test_a_store_outage_shows_as_waiting_until_the_store_answers() -> None:
+    """The core's store watch: a run is not failed by an outage (the core retries its
+    chunk), but says it waits, in the status and the gauges, and resumes by itself."""
+    watch = StoreWatch()
+    supervisor = IngestSupervisor(ScriptedSource([]), policy=QUICK, store=watch)
+    async with supervisor:
+        await until(lambda: supervisor.status().state == "running")
+        watch.down("Qdrant unreachable: ConnectError: refused")
+        status = supervisor.status()
+        assert (status.state, status.up, status.restarts) == ("waiting", False, 0)
+        assert status.last_error == "Qdrant unreachable: ConnectError: refused"
+        assert (UP.labels("docs")._value.get(), STORE_UP.labels("docs")._value.get()) == (0, 0)
+        watch.down("Qdrant unreachable: ReadTimeout")  # a retry that failed otherwise
+        assert supervisor.status().last_error == "Qdrant unreachable: ReadTimeout"
+        watch.up()
+        status = supervisor.status()
+        assert (status.state, status.up, status.last_error) == ("running", True, None)
+        assert (UP.labels("docs")._value.get(), STORE_UP.labels("docs")._value.get()) == (1, 1)
+        watch.down("down again")
+    assert supervisor.status().state == "stopped"  # a stop while waiting is a stop
+    assert STORE_UP.labels("docs")._value.get() == 0
+
+
+async def test_a_run_that_starts_during_an_outage_is_waiting() -> None:
+    watch = StoreWatch()
+    watch.down("Qdrant unreachable")
+    async with IngestSupervisor(ScriptedSource([]), policy=QUICK, store=watch) as supervisor:
+        await until(lambda: supervisor.status().state != "starting")
+        assert supervisor.status().state == "waiting"
 
 
 async def test_a_fatal_error_ends_the_supervisor() -> None:

@@ -13,7 +13,11 @@ collection::
 Nothing in flotilla starts it; ``open_store`` does not open it. The tests start it
 through ``tests/ingest/store/server_fixture.py``.
 
-**It is NOT a Qdrant replacement.** No auth, no TLS, no gRPC, no snapshots, no HNSW, no
+**TLS** as a Qdrant server configured for it: ``--ssl-certfile`` and ``--ssl-keyfile``
+serve https (uvicorn's own TLS), and ``--ssl-client-ca`` requires client certificates
+issued by that CA.
+
+**It is NOT a Qdrant replacement.** No auth, no gRPC, no snapshots, no HNSW, no
 named vectors, no payload indexes; filters are ``must`` lists of ``match`` conditions
 and ``range`` conditions with ``gte`` only. Anything else is refused (422), never silently ignored.
 Bind it to loopback; production uses a real Qdrant server.
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -386,6 +391,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=6333)
     parser.add_argument("--log-level", default="warning")
+    # TLS, as a Qdrant server configured for it: its certificate and key, and the CA that
+    # client certificates must chain to (given, a client without one is refused).
+    parser.add_argument("--ssl-certfile", type=Path)
+    parser.add_argument("--ssl-keyfile", type=Path)
+    parser.add_argument("--ssl-client-ca", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     uvicorn.run(
@@ -394,6 +404,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         port=args.port,
         log_level=args.log_level,
         access_log=False,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_ca_certs=args.ssl_client_ca,
+        ssl_cert_reqs=ssl.CERT_REQUIRED if args.ssl_client_ca else ssl.CERT_NONE,
     )
 
 

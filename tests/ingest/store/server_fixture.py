@@ -8,10 +8,11 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -27,10 +28,13 @@ def free_port() -> int:
         return port
 
 
-def start_store_server(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    """The server process, its output appended to ``log_path``; call ``wait_ready`` next."""
+def start_store_server(
+    data_dir: Path, port: int, log_path: Path, *, extra: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
+    """The server process, its output appended to ``log_path``; call ``wait_ready`` next.
+    ``extra``: more of its arguments (``--ssl-certfile`` ... to serve over TLS)."""
     with open(log_path, "ab") as log:
-        args = ["--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port)]
+        args = ["--data-dir", str(data_dir), "--host", "127.0.0.1", "--port", str(port), *extra]
         return subprocess.Popen(
             [sys.executable, "-m", "tests.ingest.store.qdrant_facade", *args],
             stdout=log,
@@ -41,14 +45,20 @@ def start_store_server(data_dir: Path, port: int, log_path: Path) -> subprocess.
 
 
 def wait_ready(
-    url: str, proc: subprocess.Popen[bytes], log_path: Path, timeout_s: float = 30
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+    timeout_s: float = 30,
+    *,
+    verify: ssl.SSLContext | bool = True,
 ) -> None:
+    """Until the server answers ``/healthz``; ``verify``: how an https ``url`` is checked."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"store server exited {proc.returncode}: {log_path.read_text()}")
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/healthz", timeout=1, verify=verify).status_code == 200:
                 return
         time.sleep(0.05)
     raise TimeoutError(f"store server not ready in {timeout_s}s: {log_path.read_text()}")

@@ -6,6 +6,8 @@ what only the client path does."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import http.server
 import os
 import signal
 import socket
@@ -33,12 +35,14 @@ from ingest.store import (
     Point,
     ShardLocked,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     VectorStore,
     chunk_point_id,
     open_store,
     point_id,
 )
+from ingest.store.qdrant import QdrantStore
 
 REPO = Path(__file__).resolve().parents[3]
 MODEL = "all-MiniLM-L6-v2"
@@ -589,22 +593,113 @@ async def test_edge_keeps_every_acknowledged_point_after_sigkill(
 # --- the qdrant-client path ---
 
 
-async def test_qdrant_unreachable_server_is_retriable() -> None:
+async def test_qdrant_unreachable_server_is_retriable(caplog: pytest.LogCaptureFixture) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once the socket closes
     store = open_store(
         "qdrant", url=f"http://127.0.0.1:{port}", timeout_s=2, check_compatibility=False
     )
-    try:
+    # A server that is down at start is no misconfiguration: the start says so and goes on.
+    async with store:
+        assert f"127.0.0.1:{port} does not answer yet (Qdrant unreachable" in caplog.text
         with pytest.raises(StoreUnavailable) as caught:
             await store.ensure_collection("docs", DIM, "cosine", MODEL)
         assert caught.value.retriable
         assert caught.value.http_status == 503
         with pytest.raises(StoreUnavailable):
             await store.count("docs")
+
+
+@contextlib.contextmanager
+def misbehaving_server(hang_up: bool) -> Iterator[int]:
+    """A port whose connections are taken but never answered: left waiting (the kernel
+    accepts them into the backlog), or, with ``hang_up``, closed at once."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        listener.settimeout(0.1)
+        done = threading.Event()
+
+        def hang_up_each() -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    listener.accept()[0].close()
+
+        closer = threading.Thread(target=hang_up_each, daemon=True)
+        if hang_up:
+            closer.start()
+        try:
+            yield listener.getsockname()[1]
+        finally:
+            done.set()
+            if hang_up:
+                closer.join()
+
+
+@pytest.mark.parametrize("hang_up", [False, True], ids=["timeout", "hang-up"])
+async def test_qdrant_server_that_times_out_or_hangs_up_is_retriable(hang_up: bool) -> None:
+    """A write the server never answers is a StoreUnavailable (the pipeline retries it),
+    never a refusal of the points (which it would dead-letter)."""
+    with misbehaving_server(hang_up) as port:
+        store = open_store("qdrant", url=f"http://127.0.0.1:{port}", timeout_s=1)
+        try:
+            with pytest.raises(StoreUnavailable, match="unreachable") as caught:
+                await store.upsert("docs", [Point(point_id("docs", "a"), [1.0] * DIM, {})])
+            assert caught.value.retriable
+        finally:
+            await store.close()
+
+
+@contextlib.contextmanager
+def refusing_server(status: int) -> Iterator[int]:
+    """An HTTP server answering every request with ``status``, as Qdrant answers a wrong
+    or revoked API key."""
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            body = b'{"status": {"error": "Invalid api-key"}}'
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = do_POST = do_DELETE = _refuse
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
     finally:
-        await store.close()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.filterwarnings("ignore:Api key is used with an insecure connection")
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_refused_api_key_is_a_misconfiguration_never_the_points_fault(
+    status: int,
+) -> None:
+    """At start, and if the key is revoked mid-run: never a refusal of the points (which
+    the pipeline would dead-letter) nor an outage to wait out silently."""
+    with refusing_server(status) as port:
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(StoreMisconfigured, match=r"--qdrant-api-key") as caught:
+            async with open_store("qdrant", url=url, api_key="wrong", timeout_s=2):
+                pass
+        assert not caught.value.retriable
+        assert "wrong" not in caught.value.message
+        store = QdrantStore(url=url, api_key="wrong", timeout_s=2)  # not started: mid-run
+        try:
+            with pytest.raises(StoreMisconfigured, match=rf"API key \({status}\)"):
+                await store.upsert("docs", [Point(point_id("docs", "a"), [1.0] * DIM, {})])
+        finally:
+            await store.close()
 
 
 async def test_qdrant_local_files_keep_the_model_and_refuse_foreign_collections(
