@@ -62,6 +62,7 @@ bench: kafka-jars ocr-fonts
 	$(BIN)/flotilla bench adaptive
 	$(BIN)/flotilla bench soak
 	$(BIN)/flotilla bench queue-latency
+	$(BIN)/flotilla bench chaos
 	$(BIN)/flotilla bench generate
 	$(BIN)/flotilla bench ocr
 

@@ -421,6 +421,11 @@ for _name, _module, _help in (
     ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
     ("queue-latency", "bench.queue_latency", "One request through JetStream against in-process."),
     (
+        "chaos",
+        "bench.chaos",
+        "Broker faults under load: node kill, rolling restart, worker kill; answers and recovery.",
+    ),
+    (
         "generate",
         "bench.generate",
         "Streamed chat completions at 1-32 clients against model.generate and llama.cpp.",

@@ -57,6 +57,12 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def kill(self) -> None:
+        """SIGKILL, a crash on purpose: no drain, nothing it holds handed back."""
+        self.stopped = True
+        self.proc.kill()
+        self.proc.wait()
+
     def stop(self, timeout_s: float = 20.0) -> int:
         self.stopped = True
         if self.proc.poll() is None:

@@ -2,7 +2,11 @@
 time a test asks for it, stopped when the session ends. Tests share it, so each names
 its own streams, subjects and buckets (``tests.kafka.fixtures.unique_name``).
 ``secure_nats`` is another, that speaks only TLS and knows its users: a user with a
-password and an nkey user."""
+password and an nkey user.
+
+``nats_cluster``: three clustered nats-servers, for replicated streams, shared the same
+way. A test that kills or restarts a node leaves every node running and the cluster
+healthy again (``NatsCluster.restart``), as the next test expects to find it."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench.services.nats import NatsServer
+from bench.services.nats import NatsCluster, NatsServer
 from tests.certificates import Certificates, make_certificates
 from tests.nats.auth import NkeyUser, nkey_user
 
@@ -48,3 +52,9 @@ def secure_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureNats
     config = tls_block(certificates) + f"authorization {{ users: [ {users} ] }}\n"
     with NatsServer(extra_config=config) as server:
         yield SecureNats(server, certificates, nkey)
+
+
+@pytest.fixture(scope="session")
+def nats_cluster() -> Iterator[NatsCluster]:
+    with NatsCluster(3) as cluster:
+        yield cluster
