@@ -16,11 +16,12 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from embedder.core.lifecycle import Lifecycle
 from embedder.tasks.kind import Loader
 from flotilla import wiring
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
-from flotilla.transports import reply_topic, transport
+from flotilla.transports import Puller, reply_topic, transport
 from flotilla.worker_http import WorkerHttp
 from flotilla.worker_ingest import WorkerIngest
 from gateway.app import create_app
@@ -114,11 +115,9 @@ async def run_worker(
         if not host.served:
             raise SystemExit(f"no model could be loaded: {host.failed}")
         # Fetch only now: requests taken by a worker still loading would wait until it
-        # is done.
-        await puller.start()
-        if bulk is not None:
-            await bulk.start()
-        await heartbeat.start()
+        # is done. A broker not reachable yet is waited for, and a stop meanwhile obeyed.
+        if not await unless_stopped(_join(puller, bulk, heartbeat), stop):
+            return
         serving = True
         log.info("worker: serving %s over %s", sorted(host.served), queue.name)
         await stop.wait()
@@ -138,6 +137,14 @@ async def run_worker(
         if bulk is not None:
             await bulk.close()
         await puller.stop()
+
+
+async def _join(puller: Puller, bulk: WorkerIngest | None, heartbeat: Lifecycle) -> None:
+    """The worker's side of the queue, in order: it pulls, then ingests, then says so."""
+    await puller.start()
+    if bulk is not None:
+        await bulk.start()
+    await heartbeat.start()
 
 
 def serve_worker(settings: Settings) -> None:

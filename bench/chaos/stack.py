@@ -68,7 +68,7 @@ def _queue(args: argparse.Namespace, nats: NatsCluster, stream: str) -> list[str
     """The work-queue flags every process shares: file storage, so that a restarted
     broker still holds what was queued; every stream on each node of a cluster."""
     return [
-        "--nats", nats.url_list[0], "--nats-stream", stream,
+        "--nats", nats.urls, "--nats-stream", stream,
         "--nats-subject-prefix", f"chaos.{stream}", "--nats-storage", "file",
         "--nats-replicas", str(nats.size), "--nats-ack-wait-s", str(args.ack_wait_s),
         "--device", "cpu", "--log-level", "warning",

@@ -295,9 +295,7 @@ class NatsCluster:
 
     @property
     def urls(self) -> str:
-        """Comma-separated, every node, as a NATS URL setting is written. nats-py's
-        connect() takes ``url_list``, not this string; a client given one node's URL
-        learns the others from the server once connected."""
+        """Comma-separated, every node, as flotilla's --nats setting is written."""
         if not self.nodes:
             raise RuntimeError("the nats cluster is not running")
         return ",".join(self.url_list)

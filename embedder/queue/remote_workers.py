@@ -18,12 +18,27 @@ class Sighting(Protocol):
     def models(self) -> dict[str, dict[str, Any]]: ...  # model -> its state and info
 
 
+SILENT_GRACE_S = 10.0  # longer than a clustered broker takes to elect a new leader
+
+
 class RemoteWorkers:
     """``ModelStates`` over the workers heard from lately; a transport fills
-    ``_workers`` as their word arrives."""
+    ``_workers`` as their word arrives and sets ``_last_word`` to when the latest came.
+
+    A worker is gone once others' word keeps arriving past its expiry. When no word
+    arrives from anyone, the channel is the likelier casualty than every worker at once
+    (a broker cluster electing the leader of its liveness bucket takes seconds), so the
+    workers last heard stay for ``SILENT_GRACE_S`` past their expiry, unless this gateway
+    is cut off itself: requests queue for them meanwhile instead of being refused."""
 
     clock: Callable[[], float]
     _workers: Mapping[str, Sighting]
+    _last_word: float = -float("inf")  # on the gateway's clock
+
+    def cut_off(self) -> bool:
+        """Whether this gateway itself cannot hear the workers now (its connection to the
+        transport is down): then silence says nothing about the channel."""
+        return False
 
     def unheard(self) -> str | None:
         """Why no worker can be heard from now (the transport is cut off), else None: the
@@ -33,7 +48,15 @@ class RemoteWorkers:
     def live(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Workers heard from lately, with their models."""
         now = self.clock()
-        return {worker: seen.models for worker, seen in self._workers.items() if seen.expires > now}
+        return {
+            worker: seen.models for worker, seen in self._workers.items() if self._alive(seen, now)
+        }
+
+    def _alive(self, seen: Sighting, now: float) -> bool:
+        if seen.expires > now:
+            return True
+        silent = self._last_word <= seen.expires  # nobody's word since this one expired
+        return silent and not self.cut_off() and now < seen.expires + SILENT_GRACE_S
 
     def state(self, model: str) -> ModelState:
         states = {m[model].get("state") for m in self.live().values() if model in m}

@@ -273,3 +273,24 @@ async def test_what_a_worker_killed_during_the_outage_held_reaches_the_other(
         assert after - before >= len(held)
         assert survivor.stop() == 0, survivor.tail()
         assert cluster.gateway.stop() in (0, -signal.SIGTERM), cluster.gateway.tail()
+
+
+def test_a_worker_waiting_for_an_unreachable_broker_stops_on_sigterm(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    """Started before its broker (any order, as an orchestrator starts them), a worker
+    waits for it, saying so now and then, and a stop meanwhile ends it cleanly."""
+    with processes() as started:
+        worker = Process(
+            "worker",
+            ["--nats", f"nats://127.0.0.1:{free_port()}", "--fleet", str(fleet_file),
+             "--device", "cpu", "--threads", "1"],
+            tmp_path / "worker.log",
+        )  # fmt: skip
+        started.append(worker)
+        deadline = time.monotonic() + 60
+        while "Connect call failed" not in worker.log.read_text(errors="replace"):
+            assert worker.proc.poll() is None, worker.tail()
+            assert time.monotonic() < deadline, worker.tail()
+            time.sleep(0.2)
+        assert worker.stop(timeout_s=10) == 0, worker.tail()

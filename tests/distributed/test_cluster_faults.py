@@ -81,7 +81,7 @@ async def under_fault(
     port = free_port()
     stream = unique_name("JOBS").replace("-", "_")
     shared = [
-        "--nats", broker.url_list[0], "--fleet", str(fleet_file), "--nats-stream", stream,
+        "--nats", broker.urls, "--fleet", str(fleet_file), "--nats-stream", stream,
         "--nats-subject-prefix", f"jobs.{stream}", "--nats-storage", "file",
         "--nats-replicas", "3", "--nats-ack-wait-s", "2", "--log-level", "warning",
     ]  # fmt: skip

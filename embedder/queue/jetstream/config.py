@@ -73,6 +73,15 @@ class JetStreamConfig(BaseModel):
         "slower broker; lower tells clients sooner. A request the broker cannot be reached "
         "for at all is refused at once.",
     )
+    failover_s: float = Field(
+        default=10.0,
+        ge=0,
+        validation_alias="nats_failover_s",
+        description="How long a gateway keeps offering a request to a stream that takes "
+        "none for the moment (a replicated stream electing its next leader after a server "
+        "is lost takes seconds; a stream being made again) before answering 503 with "
+        "Retry-After; the request's own deadline bounds it too. 0 refuses at once.",
+    )
     nak_delay_ms: int = Field(
         default=20,
         ge=0,

@@ -155,6 +155,9 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         await cancel_and_wait(self._task)
         await self._link.close()
 
+    def cut_off(self) -> bool:
+        return not self._link.connected
+
     def unheard(self) -> str | None:
         if not self._link.connected:
             return f"{UNREACHABLE}: no worker can be heard from"
@@ -211,6 +214,7 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         return status.stream_info.created != created
 
     def _note(self, entry: KeyValue.Entry) -> None:
+        self._last_word = self.clock()
         if entry.operation in ("DEL", "PURGE") or not entry.value:
             self._workers.pop(entry.key, None)
             return

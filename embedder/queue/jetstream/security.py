@@ -155,6 +155,12 @@ class NatsSecurity(BaseModel):
         )
 
 
+def servers(url: str) -> list[str]:
+    """The comma-separated server URLs of one setting, as the client takes them: any one
+    that answers is enough to connect, and it then learns the rest of the cluster."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 def redacted(url: str) -> str:
     """The server URLs without the user or password a URL may carry."""
     shown = []
@@ -175,7 +181,7 @@ async def open_connection(url: str, security: NatsSecurity, **options: Any) -> C
     opening = _Opening(nc, url, security, options.pop("error_cb", None))
     credentials = opening.credentials()  # TLS files read: one unreadable fails here
     try:
-        await nc.connect(url, error_cb=opening.on_error, **credentials, **options)
+        await nc.connect(servers(url), error_cb=opening.on_error, **credentials, **options)
         if security.tls and not opening.encrypted():  # nkeys and creds: no secret went out
             raise security.unencrypted(url)
     except LinkRefused:

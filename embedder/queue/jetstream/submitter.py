@@ -38,6 +38,18 @@ REPLIES = MetricCounter(
 )
 
 
+FIRST_RETRY_S = 0.05  # between offers of a job to a stream that takes none; doubles up to
+MAX_RETRY_S = 0.5
+
+
+class _TryAgain(Exception):
+    """A publish the stream may take in a moment; ``error`` is the answer if it does not."""
+
+    def __init__(self, error: NotReady) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 class JetStreamSubmitter(Lifecycle):
     """``put`` publishes the job (acknowledged by the stream) and returns a future; the
     reply on ``inbox`` resolves it.
@@ -147,10 +159,26 @@ class JetStreamSubmitter(Lifecycle):
 
     async def _publish(self, job: Job) -> None:
         """The job into the stream, confirmed (a worker will see it), or the error that
-        says why not: the broker's silence past ``publish_timeout_s`` is a 503, the
-        request's own deadline coming first a 504."""
+        says why not. A stream that takes nothing for a moment (a replicated stream
+        electing its next leader after a server is lost, or being made again; a publish
+        cut off with the server it went to) is offered the job again, under the same
+        message id so it is stored once, for up to ``failover_s``; the broker's silence on
+        a connection that held is a 503 at once, the request's own deadline a 504."""
+        give_up = min(self.clock() + self.config.failover_s, job.deadline)
+        pause = FIRST_RETRY_S
+        while True:
+            try:
+                return await self._publish_once(job)
+            except _TryAgain as failed:
+                if not self._link.connected or self.clock() + pause >= give_up:
+                    raise failed.error from None
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, MAX_RETRY_S)
+
+    async def _publish_once(self, job: Job) -> None:
         remaining = job.deadline - self.clock()
         bound = min(remaining, self.config.publish_timeout_s)
+        reconnects = self._link.reconnects
         try:
             await self._link.js.publish(
                 self.config.subject(job.model),
@@ -159,23 +187,27 @@ class JetStreamSubmitter(Lifecycle):
                 headers=wire.encode_job(job, self.inbox),
             )
         except (TimeoutError, nats.errors.TimeoutError):
-            if bound < remaining:
-                raise NotReady(
-                    f"the queue broker (NATS) did not confirm the request within {bound:g} s "
-                    "(--nats-publish-timeout-s): it is unreachable or overloaded; retry "
-                    "shortly"
+            if bound >= remaining:
+                raise DeadlineExceeded(
+                    "the work queue (JetStream) did not take the request in time"
                 ) from None
-            raise DeadlineExceeded(
-                "the work queue (JetStream) did not take the request in time"
-            ) from None
+            refused = NotReady(
+                f"the queue broker (NATS) did not confirm the request within {bound:g} s "
+                "(--nats-publish-timeout-s): it is unreachable or overloaded; retry shortly"
+            )
+            if self._link.reconnects != reconnects:  # lost with its server, not stalled
+                raise _TryAgain(refused) from None
+            raise refused from None
         except MaxPayloadError:
             raise LimitExceeded(
                 "the request is over the NATS server's max_payload: split it"
             ) from None
         except NatsError as exc:
+            refused = NotReady(f"the work queue (JetStream) refused the request: {exc!r}")
             if missing(exc):
                 self._link.renew()  # the server lost the stream: made again meanwhile
-            raise NotReady(f"the work queue (JetStream) refused the request: {exc!r}") from exc
+                raise _TryAgain(refused) from exc
+            raise refused from exc
 
     async def put_streaming(self, job: Job) -> ReplyStream:
         stream = ReplyStream(await self.put(job))

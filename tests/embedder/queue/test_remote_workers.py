@@ -1,0 +1,51 @@
+"""The gateway's view of workers in other processes: a worker is gone once others keep
+being heard past its expiry; when nobody is heard, the channel is suspected, not every
+worker, for a bounded grace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from embedder.queue.remote_workers import SILENT_GRACE_S, RemoteWorkers
+
+TTL_S = 3.0
+
+
+@dataclass
+class Seen:
+    expires: float
+    models: dict[str, dict[str, Any]] = field(default_factory=lambda: {"alpha": {"state": "ready"}})
+
+
+class View(RemoteWorkers):
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.clock = lambda: self.now
+        self._workers: dict[str, Seen] = {}
+
+    def hear(self, worker: str) -> None:
+        self._workers[worker] = Seen(self.now + TTL_S)
+        self._last_word = self.now
+
+
+def test_a_silent_worker_is_gone_once_the_others_are_heard_past_its_expiry() -> None:
+    view = View()
+    view.hear("a")
+    for beat in (0.0, 1.0, 2.0, 3.0, 3.5):
+        view.now = beat
+        view.hear("b")
+    view.now = 3.6
+    assert set(view.live()) == {"b"}
+    assert view.state("alpha") == "ready"
+
+
+def test_when_nobody_is_heard_the_workers_stay_for_the_grace_then_go() -> None:
+    view = View()
+    view.hear("a")
+    view.hear("b")
+    view.now = TTL_S + SILENT_GRACE_S - 0.1  # a broker electing its leader: nothing arrives
+    assert set(view.live()) == {"a", "b"}
+    view.now = TTL_S + SILENT_GRACE_S + 0.1
+    assert view.live() == {}
+    assert view.state("alpha") == "loading"  # the gateway answers 503 again
