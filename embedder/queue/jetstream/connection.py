@@ -113,7 +113,9 @@ class Connection:
         return self._nc is not None and self._nc.is_connected
 
     async def open(self) -> None:
-        """Connect and ensure the needs once; either failing fails the start."""
+        """Connect, then ensure the needs, waiting for both as long as it takes (a stop
+        cancels it): a server not up yet, or up before its JetStream is (a cluster still
+        without its quorum), is waited for. A refusal of the link's security fails it."""
         if self._nc is not None:
             return
         # A server that refuses the link's security (TLS, credentials) fails this at once,
@@ -130,7 +132,7 @@ class Connection:
         )
         self._js = self._nc.jetstream()  # one context: the same client across reconnects
         try:
-            await self._needs()
+            await self._ensure_until_held()
         except BaseException:
             nc, self._nc = self._nc, None
             await nc.close()
@@ -152,22 +154,25 @@ class Connection:
             return
         self._renewing = watch(asyncio.create_task(self._renew(), name=f"renew {self.name}"))
 
-    async def _renew(self) -> None:
+    async def _ensure_until_held(self) -> None:
+        """The needs, tried again shortly while they fail: the server may be up before
+        its JetStream is, or the client between servers."""
         pause = FIRST_PAUSE_S
-        self._again = True
-        while self._again and self.connected:
-            self._again = False
+        while True:
             try:
-                await self._needs()
+                return await self._needs()
             except (NatsError, TimeoutError) as exc:
-                # The server may be up before its JetStream is: try again shortly.
                 self._renew_failures.warning(
-                    "%s: re-establishing its streams failed: %r", self.name, exc
+                    "%s: ensuring its streams, consumers and bucket failed: %r", self.name, exc
                 )
-                self._again = True
-                await asyncio.sleep(pause)
-                pause = min(2 * pause, MAX_PAUSE_S)
-                continue
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, MAX_PAUSE_S)
+
+    async def _renew(self) -> None:
+        self._again = True
+        while self._again:
+            self._again = False
+            await self._ensure_until_held()
             log.info("%s: streams, consumers and bucket re-established", self.name)
 
     async def _disconnected(self) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from bench.services.nats import NatsServer
+from bench.services.nats import NatsCluster, NatsServer
 from embedder.core.errors import NotReady
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
@@ -167,3 +167,29 @@ async def test_a_stalled_server_is_a_503_within_the_publish_bound(
         assert config.publish_timeout_s <= took < config.publish_timeout_s + 1.0
         assert "Retry-After" in refused.value.headers
         assert submitter.depth() == {}
+
+
+async def test_a_worker_started_while_the_cluster_has_no_quorum_waits_then_pulls(
+    nats_cluster: NatsCluster, config: JetStreamConfig
+) -> None:
+    """A server answers, but JetStream cannot (two of three nodes down): the start waits,
+    and completes once the quorum is back, as an orchestrator's restarts expect."""
+    config = config.model_copy(update={"storage": "file", "replicas": 3})
+    nats_cluster.kill(1, 2)
+    try:
+        puller = JetStreamPuller(url=nats_cluster.nodes[0].url, config=config)
+        starting = asyncio.ensure_future(puller.start())
+        await asyncio.sleep(3.0)
+        assert not starting.done()  # waiting, not failed
+    finally:
+        nats_cluster.restart(1, 2)
+    async with asyncio.timeout(WAIT_S):
+        await starting
+    async with JetStreamSubmitter(
+        url=nats_cluster.urls, inbox=unique_name("i"), config=config
+    ) as s:
+        answer = await s.put(job("after"))
+        assert await pull_until(puller, 1) == ["after"]
+        await puller.complete("after", result("done"))
+        assert (await answer).body == b"done"
+    await puller.stop()
