@@ -28,12 +28,14 @@ class RemoteWorkers:
     A worker is gone once others' word keeps arriving past its expiry. When no word
     arrives from anyone, the channel is the likelier casualty than every worker at once
     (a broker cluster electing the leader of its liveness bucket takes seconds), so the
-    workers last heard stay for ``SILENT_GRACE_S`` past their expiry, unless this gateway
-    is cut off itself: requests queue for them meanwhile instead of being refused."""
+    workers last heard stay for ``SILENT_GRACE_S`` past their expiry (or past this
+    gateway's return from an outage of its own, ``_back_at``), but not while it is cut off
+    itself: requests queue for them meanwhile instead of being refused."""
 
     clock: Callable[[], float]
     _workers: Mapping[str, Sighting]
     _last_word: float = -float("inf")  # on the gateway's clock
+    _back_at: float = -float("inf")  # when the transport's connection last came back
 
     def cut_off(self) -> bool:
         """Whether this gateway itself cannot hear the workers now (its connection to the
@@ -56,7 +58,9 @@ class RemoteWorkers:
         if seen.expires > now:
             return True
         silent = self._last_word <= seen.expires  # nobody's word since this one expired
-        return silent and not self.cut_off() and now < seen.expires + SILENT_GRACE_S
+        # After an outage longer than the grace, the workers are reconnecting too.
+        since = max(seen.expires, self._back_at)
+        return silent and not self.cut_off() and now < since + SILENT_GRACE_S
 
     def state(self, model: str) -> ModelState:
         states = {m[model].get("state") for m in self.live().values() if model in m}

@@ -169,6 +169,7 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         """A new watcher on the bucket (made when missing) in place of the last one; the
         bucket's current entries come first, so the live workers are known at once."""
         kv = await workers_bucket(self._link.js, self.config, MISSED_BEATS * INTERVAL_S)
+        self._back_at = self.clock()
         created = (await kv.status()).stream_info.created
         watcher = await kv.watchall()
         try:

@@ -23,6 +23,10 @@ class View(RemoteWorkers):
         self.now = 0.0
         self.clock = lambda: self.now
         self._workers: dict[str, Seen] = {}
+        self.cut = False
+
+    def cut_off(self) -> bool:
+        return self.cut
 
     def hear(self, worker: str) -> None:
         self._workers[worker] = Seen(self.now + TTL_S)
@@ -49,3 +53,17 @@ def test_when_nobody_is_heard_the_workers_stay_for_the_grace_then_go() -> None:
     view.now = TTL_S + SILENT_GRACE_S + 0.1
     assert view.live() == {}
     assert view.state("alpha") == "loading"  # the gateway answers 503 again
+
+
+def test_cut_off_the_view_is_empty_and_back_the_workers_last_heard_get_the_grace() -> None:
+    view = View()
+    view.hear("a")
+    view.cut = True  # the gateway's own connection is down: silence says nothing
+    view.now = TTL_S + 0.1
+    assert view.live() == {}
+    view.now = 20.0  # back after an outage longer than the grace
+    view.cut = False
+    view._back_at = view.now
+    assert set(view.live()) == {"a"}  # reconnecting too: requests queue meanwhile
+    view.now = 20.0 + SILENT_GRACE_S + 0.1
+    assert view.live() == {}
