@@ -168,8 +168,10 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
     async def _watch(self) -> None:
         """A new watcher on the bucket (made when missing) in place of the last one; the
         bucket's current entries come first, so the live workers are known at once."""
-        kv = await workers_bucket(self._link.js, self.config, MISSED_BEATS * INTERVAL_S)
+        # Back (or trying again while the bucket cannot be had yet, a cluster without its
+        # quorum): the workers last heard are reconnecting too, and get the grace from now.
         self._back_at = self.clock()
+        kv = await workers_bucket(self._link.js, self.config, MISSED_BEATS * INTERVAL_S)
         created = (await kv.status()).stream_info.created
         watcher = await kv.watchall()
         try:
