@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import http.server
+import logging
 import os
 import signal
 import socket
@@ -601,14 +602,17 @@ async def test_qdrant_unreachable_server_is_retriable(caplog: pytest.LogCaptureF
         "qdrant", url=f"http://127.0.0.1:{port}", timeout_s=2, check_compatibility=False
     )
     # A server that is down at start is no misconfiguration: the start says so and goes on.
-    async with store:
-        assert f"127.0.0.1:{port} does not answer yet (Qdrant unreachable" in caplog.text
-        with pytest.raises(StoreUnavailable) as caught:
-            await store.ensure_collection("docs", DIM, "cosine", MODEL)
-        assert caught.value.retriable
-        assert caught.value.http_status == 503
-        with pytest.raises(StoreUnavailable):
-            await store.count("docs")
+    # At the store logger's own level: an earlier test's basicConfig may have raised the
+    # root's, which it would inherit.
+    with caplog.at_level(logging.WARNING, logger="ingest.store.qdrant"):
+        async with store:
+            assert f"127.0.0.1:{port} does not answer yet (Qdrant unreachable" in caplog.text
+            with pytest.raises(StoreUnavailable) as caught:
+                await store.ensure_collection("docs", DIM, "cosine", MODEL)
+            assert caught.value.retriable
+            assert caught.value.http_status == 503
+            with pytest.raises(StoreUnavailable):
+                await store.count("docs")
 
 
 @contextlib.contextmanager
