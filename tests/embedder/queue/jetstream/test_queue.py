@@ -42,6 +42,11 @@ WAIT_S = 10.0
 
 @pytest.fixture
 def config() -> JetStreamConfig:
+    return queue_config()
+
+
+def queue_config(**changes: object) -> JetStreamConfig:
+    """A queue of the test's own on the shared server, with ``changes`` to its settings."""
     tag = unique_name("t").replace("-", "_").upper()
     return JetStreamConfig(
         stream=f"JOBS_{tag}",
@@ -50,7 +55,7 @@ def config() -> JetStreamConfig:
         # Memory streams reserve their max_bytes on the shared server: keep each small.
         max_bytes=32 * 1024 * 1024,
         ack_wait_s=2.0,
-    )
+    ).model_copy(update=changes)
 
 
 def job(id: str, *, model: str = "alpha", tokens: int = 10, deadline_in_s: float = 30.0) -> Job:

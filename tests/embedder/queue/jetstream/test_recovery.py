@@ -23,7 +23,7 @@ from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
 from embedder.queue.jetstream.puller import JetStreamPuller
 from embedder.queue.jetstream.submitter import JetStreamSubmitter
 from tests.distributed.helpers import eventually
-from tests.embedder.queue.jetstream.test_queue import States, job, pull_until, result
+from tests.embedder.queue.jetstream.test_queue import States, job, pull_until, queue_config, result
 from tests.kafka.fixtures import unique_name
 
 pytestmark = pytest.mark.slow  # starts servers
@@ -34,15 +34,7 @@ PROMPT_S = 0.5  # a refusal while the broker is unreachable takes no longer than
 
 @pytest.fixture
 def config() -> JetStreamConfig:
-    tag = unique_name("r").replace("-", "_").upper()
-    return JetStreamConfig(
-        stream=f"JOBS_{tag}",
-        subject_prefix=f"jobs.{tag}",
-        storage="memory",
-        max_bytes=32 * 1024 * 1024,
-        ack_wait_s=2.0,
-        publish_timeout_s=0.5,
-    )
+    return queue_config(publish_timeout_s=0.5)
 
 
 @pytest.fixture
