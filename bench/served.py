@@ -159,9 +159,11 @@ def server(
     fleet: Path | None = None,
     device: str = "auto",
     settings: Mapping[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> Iterator[int]:
     """``flotilla serve`` in a subprocess, with ``settings`` (``FLOTILLA_*`` variables)
-    beside the benchmarks' own; yields its pid once /ready answers 200."""
+    beside the benchmarks' own, after ``prefix`` (``taskset -c 0``, say); yields its pid
+    once /ready answers 200."""
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -169,6 +171,7 @@ def server(
         **(settings or {}),
     }
     command = [
+        *prefix,
         sys.executable,
         "-m",
         "flotilla",

@@ -417,6 +417,11 @@ for _name, _module, _help in (
         "Push vs pull: the cluster simulation; --real: real processes, a router against JetStream.",
     ),
     ("adapters", "bench.adapters", "Serving LoRA adapters unmerged against the base model."),
+    (
+        "first-start",
+        "bench.first_start",
+        "No tuned profile: served while it tunes in the background, against tune + restart.",
+    ),
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
     ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
     ("queue-latency", "bench.queue_latency", "One request through JetStream against in-process."),
