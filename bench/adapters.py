@@ -19,7 +19,16 @@ serves one adapter only; it is not a row. Every repetition runs every chunk
 through every row, rotating the order, so a busy spell hits all rows alike.
 Reported: real tokens/s (padding excluded) and the ratio to ``base``.
 
+With ``--fleet-adapters`` the adapters are the model's own (its fleet entry's), and
+``--tuned FINGERPRINT`` serves the model with its tuned profile for that device
+(``here``: this machine), on whatever runtime that is, so ``base`` is the model's tuned
+speed; ``--dtype`` then pins the precision. On an exported-graph runtime the adapters'
+merged graphs are built (or found cached) before timing, and the worst cosine of the
+adapter rows to the torch fp32 model with the adapter merged is reported.
+
     python -m bench.adapters [--n-texts 400] [--reps 3] [--adapters 4] [--rank 16]
+    python -m bench.adapters --model multilingual-e5-small --fleet-adapters \
+        --tuned cpu:amd-epyc:avx2+avx512_bf16+avx512_vnni+avx512f+avx_vnni:2c
 """
 
 from __future__ import annotations
@@ -62,6 +71,59 @@ def make_adapters(
         get_peft_model(inner, config).save_pretrained(str(path))
         out.append(path)
     return out
+
+
+def served_spec(args: argparse.Namespace) -> EncoderSpec:
+    """The model as the bench serves it: the fleet's profile, or its tuned one for
+    ``--tuned``, with ``--dtype`` pinned over either."""
+    from embedder.core.device import fingerprint
+    from embedder.tuned import load_tuned
+
+    fleet = load_fleet()
+    spec = entry_as(fleet.get(args.model or fleet.default_model), EncoderSpec)
+    if args.tuned:
+        fp = fingerprint("cpu") if args.tuned == "here" else args.tuned
+        tuned = load_tuned().entry(spec.name, fp)
+        if tuned is None:
+            raise SystemExit(f"no tuned profile of {spec.name} for {fp}")
+        profile = spec.profile("cpu").model_copy(update=tuned.profile)
+        spec = spec.model_copy(update={"profiles": {**spec.profiles, "cpu": profile}})
+    if args.dtype:
+        profile = spec.profile("cpu").model_copy(update={"dtype": args.dtype})
+        spec = spec.model_copy(update={"profiles": {**spec.profiles, "cpu": profile}})
+    return spec
+
+
+def load_adapter(runtime: Runtime, name: str, folder: Path) -> None:
+    """Load as the worker does, waiting out a graph runtime's build of the merged graph."""
+    from embedder.core.errors import AdapterBuilding
+
+    try:
+        runtime.load_adapter(name, folder)
+    except AdapterBuilding as building:
+        print(f"  building the merged graph of {name} (or reading it from the cache)")
+        if building.ready is not None:
+            building.ready.exception()  # waits; a failure is raised by the load below
+        runtime.load_adapter(name, folder)
+
+
+def cosine_to_merged(
+    spec: EncoderSpec, runtime: Runtime, name: str, folder: Path, sample: Sequence[str]
+) -> float:
+    """Worst cosine of ``name``'s rows to the torch fp32 model with the adapter merged."""
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
+
+    from embedder.tasks.embed.runtimes import worst_cosine
+
+    reference = SentenceTransformer(str(spec.source.resolve()), device="cpu")
+    transformer: Any = reference[0]
+    merged = PeftModel.from_pretrained(transformer.auto_model, str(folder)).merge_and_unload()
+    transformer.model = merged
+    reference.max_seq_length = runtime.info.max_tokens
+    want = reference.encode(list(sample), convert_to_numpy=True)
+    got = runtime.forward(runtime.tokenize(sample, "right"), [name] * len(sample))
+    return worst_cosine(want, got)
 
 
 def rows(base: Runtime, lora: Runtime, names: list[str]) -> dict[str, Row]:
@@ -120,6 +182,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--targets", default="query,key,value", help="LoRA target modules")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seed", type=int, default=texts.SEED)
+    parser.add_argument("--model", default=None, help="a fleet model; default the fleet's")
+    parser.add_argument(
+        "--fleet-adapters", action="store_true", help="the model's own adapters, not random"
+    )
+    parser.add_argument("--tuned", default=None, help="serve the tuned profile of FINGERPRINT")
+    parser.add_argument("--dtype", default=None, help="pin this precision over the profile")
     return parser.parse_args(argv)
 
 
@@ -127,22 +195,31 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    fleet = load_fleet()
-    spec = entry_as(fleet.get(fleet.default_model), EncoderSpec)
+    spec = served_spec(args)
     path = str(spec.source.resolve())
     corpus = texts.build(args.n_texts, args.seed)
     chunks = [corpus.texts[i : i + args.chunk] for i in range(0, len(corpus.texts), args.chunk)]
-    print(f"loading {spec.name} twice ({args.threads} threads); {args.adapters} adapters, "
-          f"rank {args.rank} on {args.targets}")  # fmt: skip
+    profile = spec.profile("cpu")
+    print(f"loading {spec.name} twice ({profile.runtime} {profile.dtype}, "
+          f"{profile.threads or args.threads} threads)")  # fmt: skip
     base = load_runtime(spec, "cpu", args.threads)
     lora = load_runtime(spec, "cpu", args.threads)
-    # Both rows run the same precision: the first runtime's load-time choice.
-    lora.autocast = base.autocast  # type: ignore[attr-defined]
+    if hasattr(base, "autocast"):  # both rows run the first torch runtime's choice
+        lora.autocast = base.autocast  # type: ignore[attr-defined]
+    cosines: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        folders = make_adapters(path, Path(tmp), args.adapters, args.rank, args.targets.split(","))
-        names = [f"adapter-{i}" for i in range(args.adapters)]
-        for name, folder in zip(names, folders, strict=True):
-            lora.load_adapter(name, folder)
+        if args.fleet_adapters:
+            adapters = dict(spec.adapters)  # resolved beside the fleet file
+        else:
+            print(f"{args.adapters} random adapters, rank {args.rank} on {args.targets}")
+            targets = args.targets.split(",")
+            made = make_adapters(path, Path(tmp), args.adapters, args.rank, targets)
+            adapters = {f"adapter-{i}": folder for i, folder in enumerate(made)}
+        for name, folder in adapters.items():
+            load_adapter(lora, name, folder)
+            if profile.runtime != "torch":  # a merged graph: how close to the merged model
+                cosines[name] = cosine_to_merged(spec, lora, name, folder, corpus.texts[:64])
+        names = list(adapters)
     methods = rows(base, lora, names)
     measure(methods, chunks[:2], 1)  # warm-up: kernels for these shapes
     seconds = measure(methods, chunks, args.reps)
@@ -155,10 +232,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     print()
     lines = [[r["method"], r["tokens_per_s"], r["vs_base"]] for r in result_rows]
     print(report.table(["method", "tokens/s", "× base"], lines))
+    for name, cosine in cosines.items():
+        print(f"{name}: worst cosine {cosine:.7f} to the torch fp32 model with it merged")
     data = {
         "benchmark": "adapters",
         "model": spec.name,
+        "runtime": profile.runtime,
         "dtype": base.info.dtype,
+        "adapter_worst_cosine_to_merged_fp32": cosines,
         "texts": len(corpus.texts),
         "tokens": tokens,
         "chunk": args.chunk,

@@ -145,8 +145,9 @@ def tunable(spec: ModelSpec, device: DeviceKind) -> str | None:
     return None
 
 
-# Runtimes that run LoRA adapters per request (peft's layers); exported graphs cannot.
-ADAPTER_RUNTIMES = frozenset({"torch"})
+# Runtimes that serve LoRA adapters: torch per row (peft's layers), the exported graphs as
+# one merged graph per adapter. "emulated" computes no model and takes none.
+ADAPTER_RUNTIMES = frozenset({"torch", "onnx", "openvino"})
 
 
 def profile_for(

@@ -6,12 +6,13 @@ import threading
 import time
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
-from embedder.core.errors import AdapterInvalid
+from embedder.core.errors import AdapterBuilding, AdapterInvalid
 from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.core.jobs import TruncationSide
 from embedder.tasks.embed.runtimes import Encoded, RuntimeInfo
@@ -47,6 +48,9 @@ class FakeRuntime:
         self.adapter_calls: list[list[str | None]] = []  # row adapters per forward
         self.resident: set[str] = set()
         self.adapter_loads: list[str] = []
+        self.adapter_prepares: list[str] = []
+        # adapter -> its build: load_adapter says AdapterBuilding until the future is done
+        self.building: dict[str, Future[None]] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -81,10 +85,17 @@ class FakeRuntime:
     def tokenize_pairs(self, query: str, docs: Sequence[str], side: TruncationSide) -> Encoded:
         return self.tokenize([f"{query} {doc}" for doc in docs], side)
 
+    def prepare_adapter(self, name: str, folder: Path) -> None:
+        self.adapter_prepares.append(name)
+
     def load_adapter(self, name: str, folder: Path) -> None:
         """A folder holding a file named ``broken`` fails to load, as a bad adapter would."""
         if (folder / "broken").exists():
             raise AdapterInvalid(f"adapter {name!r} does not fit model {self.spec.name!r}")
+        if (build := self.building.get(name)) is not None:
+            if not build.done():
+                raise AdapterBuilding(f"adapter {name!r} is being built", ready=build)
+            build.result()  # a failed build's error
         self.resident.add(name)
         self.adapter_loads.append(name)
 

@@ -6,6 +6,9 @@ every request of a failed batch.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
 
 class FlotillaError(Exception):
     """Base class. ``http_status`` and ``retriable`` drive the handler and retries."""
@@ -89,6 +92,22 @@ class NotReady(FlotillaError):
 
     def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class AdapterBuilding(NotReady):
+    """An adapter whose graph for the model's runtime is still being built (an exported
+    graph with the adapter merged in: tens of seconds, once per adapter and runtime).
+    ``ready`` completes when the build ends, so a worker can hold the adapter's requests
+    until then; a request that reaches a client with it may retry after Retry-After."""
+
+    code = "adapter_building"
+    ready: Future[Any] | None = None  # absent once the error crossed a queue
+
+    def __init__(
+        self, message: str, *, ready: Future[Any] | None = None, retry_after_s: int = 10
+    ) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.ready = ready
 
 
 class DeadlineExceeded(FlotillaError):

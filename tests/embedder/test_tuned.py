@@ -98,28 +98,38 @@ def test_the_shipped_file_is_valid() -> None:
     load_tuned(DEFAULT_TUNED)
 
 
-def graph_tuned(runner_up: dict[str, object] | None) -> TunedProfiles:
-    """The fastest tuned runtime an exported graph, with the given runner-up."""
+def tuned_on(runtime: str, runner_up: dict[str, object] | None) -> TunedProfiles:
+    """The fastest tuned runtime ``runtime``, with the given runner-up."""
     entry = TunedEntry(
-        profile=TUNED_FIELDS | {"runtime": "openvino"},
+        profile=TUNED_FIELDS | {"runtime": runtime},
         measured=Measured(tokens_per_s=5_500, worst_cosine=0.99999, runner_up=runner_up),
     )
     return TunedProfiles().with_entry("m", FP, entry)
 
 
-def test_a_model_serving_adapters_takes_the_runner_up_that_can_run_them() -> None:
+@pytest.mark.parametrize("runtime", ["openvino", "onnx"])
+def test_a_model_serving_adapters_keeps_its_tuned_graph_runtime(runtime: str) -> None:
     runner_up = TUNED_FIELDS | {"forward_tokens": 2048, "tokens_per_s": 3_100.0}
-    choice = profile_for(spec(), "cpu", FP, graph_tuned(runner_up), adapters=True)
+    choice = profile_for(spec(), "cpu", FP, tuned_on(runtime, runner_up), adapters=True)
+    assert choice.source == "tuned" and choice.profile.runtime == runtime
+    assert "5,500 tok/s" in choice.why and "adapters" not in choice.why
+
+
+def test_a_runtime_without_adapters_gives_way_to_the_runner_up() -> None:
+    runner_up = TUNED_FIELDS | {"forward_tokens": 2048, "tokens_per_s": 3_100.0}
+    choice = profile_for(spec(), "cpu", FP, tuned_on("emulated", runner_up), adapters=True)
     assert choice.source == "tuned" and choice.profile.runtime == "torch"
     assert choice.profile.forward_tokens == 2048 and choice.profile.max_wait_ms == 7
-    assert "openvino cannot take adapters" in choice.why and "3,100 tok/s" in choice.why
+    assert "emulated cannot take adapters" in choice.why and "3,100 tok/s" in choice.why
     # without adapters the fastest serves
-    assert profile_for(spec(), "cpu", FP, graph_tuned(runner_up)).profile.runtime == "openvino"
+    assert profile_for(spec(), "cpu", FP, tuned_on("emulated", runner_up)).profile.runtime == (
+        "emulated"
+    )
 
 
 def test_without_a_runner_up_that_runs_adapters_the_fleets_profile_serves() -> None:
-    onnx = TUNED_FIELDS | {"runtime": "onnx", "tokens_per_s": 4_000.0}
-    for runner_up in (onnx, None):
-        choice = profile_for(spec(), "cpu", FP, graph_tuned(runner_up), adapters=True)
+    emulated = TUNED_FIELDS | {"runtime": "emulated", "tokens_per_s": 4_000.0}
+    for runner_up in (emulated, None):
+        choice = profile_for(spec(), "cpu", FP, tuned_on("emulated", runner_up), adapters=True)
         assert choice.source == "fleet" and choice.profile.runtime == "torch"
         assert "cannot take adapters" in choice.why

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
 
 from embedder.core.adapters import ResidentAdapters
+from embedder.core.errors import FlotillaError
 from embedder.core.fleet import ModelSpec
 from embedder.tasks.embed.batching import BatchLimits
 from embedder.tasks.embed.codecs import RequestLimits
@@ -15,6 +17,8 @@ from embedder.tasks.embed.execute import LoadedModel
 from embedder.tasks.embed.spec import ENGINE, EncoderProfile, EncoderSpec
 from embedder.tasks.embed.worker import Worker
 from embedder.tasks.kind import Engine, EngineContext
+
+log = logging.getLogger(__name__)
 
 
 def batch_limits(profile: EncoderProfile) -> BatchLimits:
@@ -41,6 +45,7 @@ class EncoderEngine:
             profile.max_resident_adapters, runtime.load_adapter, runtime.unload_adapter
         )
         model = LoadedModel(spec, runtime, batch_limits(profile), self.context.adapters, resident)
+        self._prepare_adapters(model)
         self.loaded[spec.name] = model
         if self.worker is not None:
             self.worker.add_model(model)
@@ -49,6 +54,20 @@ class EncoderEngine:
         worker = Worker(self.context.queue, {spec.name: model}, limits, turns=self.context.turns)
         await worker.start()
         self.worker = worker
+
+    def _prepare_adapters(self, model: LoadedModel) -> None:
+        """Let the runtime build ahead (in the background) for the adapters known now, so
+        their first requests need not wait for it; ones registered later build on first
+        use. An adapter that cannot serve says so when it is first asked for."""
+        if model.catalog is None:
+            return
+        try:
+            known = model.catalog.names(model.spec.name)
+        except (OSError, FlotillaError):
+            log.warning("cannot list the adapters of %s to prepare them", model.spec.name)
+            return
+        for name, folder in known.items():
+            model.runtime.prepare_adapter(name, folder)
 
     def describe(self, model: str) -> dict[str, object] | None:
         loaded = self.loaded.get(model)

@@ -10,6 +10,7 @@ the forward pass fails every job of the batch with the same error.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -21,7 +22,13 @@ from numpy.typing import NDArray
 
 import embedder.tasks.rerank.codecs as rerank_codecs
 from embedder.core.adapters import AdapterCatalog, ResidentAdapters
-from embedder.core.errors import AdapterNotFound, FlotillaError, InferenceFailed, LimitExceeded
+from embedder.core.errors import (
+    AdapterBuilding,
+    AdapterNotFound,
+    FlotillaError,
+    InferenceFailed,
+    LimitExceeded,
+)
 from embedder.core.jobs import ApiShape, Job, JobResult, Task, Timings, TruncationSide
 from embedder.queue import Outcome
 from embedder.tasks.embed.batching import BatchLimits
@@ -167,13 +174,16 @@ class Prepared:
 
 @dataclass(frozen=True, slots=True)
 class Forwarded:
-    """A batch after the device: its output rows, or the error every job of it gets."""
+    """A batch after the device: its output rows, or the error every job of it gets;
+    ``waiting``: jobs left out because their adapter is still being built (the pipeline
+    runs them once it is ready; without one they get the error, a retriable 503)."""
 
     prepared: Prepared
     out: NDArray[np.float32] | None
     error: FlotillaError | None
     tokens: int
     inference_s: float
+    waiting: tuple[tuple[Job, AdapterBuilding], ...] = ()
 
 
 def prepare_batch(batch: Sequence[Job], model: LoadedModel, limits: RequestLimits) -> Prepared:
@@ -196,13 +206,25 @@ def forward_batch(prepared: Prepared, model: LoadedModel) -> Forwarded:
     items, failed = prepared.items, list(prepared.failed)
     if not items:
         return Forwarded(prepared, None, None, 0, 0.0)
+    waiting: list[tuple[Job, AdapterBuilding]] = []
     if wanted := {job.adapter for job, _, _ in items if job.adapter is not None}:
         unusable = _load_adapters(model, wanted)
-        failed += [(job, unusable[job.adapter]) for job, _, _ in items if job.adapter in unusable]
+        for job, _, _ in items:
+            error = unusable.get(job.adapter) if job.adapter is not None else None
+            if isinstance(error, AdapterBuilding):
+                waiting.append((job, error))
+            elif error is not None:
+                failed.append((job, error))
         items = [item for item in items if item[0].adapter not in unusable]
         prepared = Prepared(items, failed)
         if not items:
-            return Forwarded(prepared, None, None, 0, 0.0)
+            return Forwarded(prepared, None, None, 0, 0.0, tuple(waiting))
+    forwarded = _forward(prepared, model)
+    return dataclasses.replace(forwarded, waiting=tuple(waiting)) if waiting else forwarded
+
+
+def _forward(prepared: Prepared, model: LoadedModel) -> Forwarded:
+    items = prepared.items
     merged = Encoded.concat([encoded for _, _, encoded in items])
     row_adapters = [job.adapter for job, _, encoded in items for _ in range(len(encoded))]
     start = time.perf_counter()
@@ -219,7 +241,7 @@ def finish_batch(forwarded: Forwarded, model: LoadedModel, now: float) -> BatchR
     """Shape and encode each job's reply from its rows (host work); ``now`` is when the
     batch left the queue, for each job's queue time."""
     prepared = forwarded.prepared
-    outcomes = list(prepared.failed)
+    outcomes: list[tuple[Job, Outcome]] = [*prepared.failed, *forwarded.waiting]
     if forwarded.error is not None:
         outcomes += [(job, forwarded.error) for job, _, _ in prepared.items]
         return BatchReport(outcomes, 0, 0.0)

@@ -15,6 +15,10 @@ forward, not only what was queued when N started, and a job withdrawn or expired
 meanwhile is never tokenized. Until both stages have been timed, the next batch is
 asked for as soon as a forward starts and prepared only when its turn comes.
 
+A job whose adapter the runtime is still building for (an exported graph with the adapter
+merged: tens of seconds, in the background) is neither run nor failed: it is held until
+the build ends and then batched again (``Pipeline._park``), within its deadline.
+
 The same ``Pace`` is the device's measure for the worker: each model's cost per pass and
 per token, fitted from its forward passes (``DeviceFit``), sets how much the worker takes
 and when the device will be free of what it holds (``Pipeline.free_at``).
@@ -23,14 +27,16 @@ and when the device will be free of what it holds (``Pipeline.free_at``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from embedder.core.errors import FlotillaError, InferenceFailed
+from embedder.core.errors import AdapterBuilding, FlotillaError, InferenceFailed
 from embedder.core.jobs import Job
 from embedder.core.lifecycle import cancel_and_wait
 from embedder.queue import JobPuller
@@ -52,6 +58,7 @@ from embedder.tasks.embed.execute import (
 log = logging.getLogger(__name__)
 
 Batch = tuple[Job, ...]
+PARKED_RETRY_S = 1.0  # how often jobs held for an adapter with no build to watch look again
 
 
 def estimated(jobs: Sequence[Job]) -> int:
@@ -230,8 +237,14 @@ class Pipeline:
         clock: Callable[[], float],
         delivered: Callable[[str, Sequence[Job]], None] = lambda model, jobs: None,
         turns: DeviceTurns | None = None,
+        put_back: Callable[[Sequence[Job]], None] | None = None,
     ) -> None:
         self.queue = queue
+        # Where jobs held for an adapter's build go when it ends, to be batched again;
+        # None: they get the build's retriable 503 at once.
+        self.put_back = put_back
+        self._parked: list[Job] = []
+        self._parking: set[asyncio.Task[None]] = set()
         # Shared with the generation engines on the same device (embedder.serving.turns).
         self.turns = turns or DeviceTurns()
         self.delivered = delivered  # told of each batch's jobs before they are completed
@@ -249,7 +262,7 @@ class Pipeline:
 
     def held(self) -> list[Job]:
         ahead = self._ahead.jobs if self._ahead is not None else ()
-        return [*self._finishing, *self._running, *ahead]
+        return [*self._finishing, *self._running, *ahead, *self._parked]
 
     def free_at(self, now: float) -> float:
         """When (clock) the device should be done with the batches it has taken: the
@@ -267,7 +280,9 @@ class Pipeline:
     def shutdown(self) -> None:
         if self._finisher is not None:
             self._finisher.cancel()
-        self._ahead, self._running, self._finishing = None, (), ()
+        for task in self._parking:
+            task.cancel()
+        self._ahead, self._running, self._finishing, self._parked = None, (), (), []
         self._host.close()
         self._device.close()
 
@@ -293,6 +308,9 @@ class Pipeline:
                     log.exception("batch on %s crashed", model.spec.name)
                     error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
                     forwarded = Forwarded(prepared, None, error, 0, 0.0)
+                if forwarded.waiting and self.put_back is not None:
+                    self._park(forwarded.waiting)
+                    forwarded = dataclasses.replace(forwarded, waiting=())
                 if forwarded.tokens:  # a pass that failed says nothing of the pace
                     self.pace.timed_device(
                         model.spec.name, forwarded.inference_s, estimated(running)
@@ -300,6 +318,38 @@ class Pipeline:
                 await self._finish_later(model, forwarded, now)
         finally:
             await cancel_and_wait(self._finisher)
+
+    def _park(self, waiting: Sequence[tuple[Job, AdapterBuilding]]) -> None:
+        """Hold jobs whose adapter is being built until the build ends, or the first of
+        their deadlines passes, then put them back to be batched again (an expired one is
+        then dropped with its 504, a failed build's error reaches the rest when the adapter
+        is next loaded). The device thread never waits for a build, and a request that
+        can still run in time is not failed for it."""
+        jobs = [job for job, _ in waiting]
+        builds = list({id(e.ready): e.ready for _, e in waiting if e.ready is not None}.values())
+        self._parked.extend(jobs)
+        task = asyncio.create_task(self._unpark(jobs, builds))
+        self._parking.add(task)
+        task.add_done_callback(self._parking.discard)
+
+    async def _unpark(self, jobs: list[Job], builds: list[Future[Any]]) -> None:
+        left_s = min(job.deadline for job in jobs) - self.clock()
+        timeout = max(0.0, left_s) if math.isfinite(left_s) else None
+        waits = [asyncio.wrap_future(build) for build in builds]
+        try:
+            if waits:
+                done, _ = await asyncio.wait(waits, timeout=timeout)
+                for wait in done:
+                    wait.exception()  # a failed build's error reaches the jobs via their load
+            else:  # no build to watch (not expected): look again shortly
+                await asyncio.sleep(min(timeout or PARKED_RETRY_S, PARKED_RETRY_S))
+        finally:
+            for wait in waits:
+                wait.cancel()  # only the wrapper: a started build runs on regardless
+        leaving = {job.id for job in jobs}
+        self._parked = [job for job in self._parked if job.id not in leaving]
+        assert self.put_back is not None, "jobs are parked only where they can be put back"
+        self.put_back(jobs)
 
     async def _forward(self, prepared: Prepared, model: LoadedModel) -> Forwarded:
         """The device's part, in a turn of the device shared with generation."""

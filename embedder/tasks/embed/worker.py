@@ -67,7 +67,13 @@ class Worker(Lifecycle):
         self.clock = clock
         self._ready = Handoff()
         self._pipeline = Pipeline(
-            queue, self.models, request_limits, clock, self._delivered, turns=turns
+            queue,
+            self.models,
+            request_limits,
+            clock,
+            self._delivered,
+            turns=turns,
+            put_back=self._put_back,
         )
         # Each model's limits as batches are formed: the profile's, with the wait and the
         # token budget steered where the model has a latency target.
@@ -113,6 +119,10 @@ class Worker(Lifecycle):
 
     def running(self) -> bool:
         return running(*self._tasks)
+
+    def _put_back(self, jobs: Sequence[Job]) -> None:
+        """Jobs the runner held for an adapter's build: batched again from here."""
+        self._pending.extend(jobs)
 
     def add_model(self, model: LoadedModel) -> None:
         """Serve one more model; the next pull asks for its jobs too."""

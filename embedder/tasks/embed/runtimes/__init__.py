@@ -84,8 +84,14 @@ class Runtime(Protocol):
         ``adapters[i]`` names the resident adapter for row i (None: the base model)."""
         ...
 
+    def prepare_adapter(self, name: str, folder: Path) -> None:
+        """Start, in the background, what makes a later ``load_adapter`` quick (an exported
+        graph's build with the adapter merged); nothing where loading is quick already."""
+        ...
+
     def load_adapter(self, name: str, folder: Path) -> None:
-        """Make adapter ``name`` resident; AdapterInvalid if it does not fit."""
+        """Make adapter ``name`` resident; AdapterInvalid if it does not fit, and
+        AdapterBuilding while the runtime is still building what it needs for it."""
         ...
 
     def unload_adapter(self, name: str) -> None: ...

@@ -167,6 +167,9 @@ class EmulatedRuntime(Tokenizing):
         ms = self.fixed_ms + padded * self.ms_per_1k_tokens / 1e3 + rows * self.ms_per_sequence
         return self.slowdown * ms / 1e3
 
+    def prepare_adapter(self, name: str, folder: Path) -> None:
+        pass  # load_adapter refuses, at the first request
+
     def load_adapter(self, name: str, folder: Path) -> None:
         raise AdapterInvalid(
             f"the emulated device serves no adapters: serve {self.spec.name!r} on a real "

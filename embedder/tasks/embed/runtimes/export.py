@@ -2,8 +2,10 @@
 
 A model folder becomes one ONNX graph: a bi-encoder's Transformer and Pooling (the
 folder's pooling or the fleet's override) returning the pooled, unnormalized vector; a
-cross-encoder's logits. Inputs are ``input_ids``, ``attention_mask`` and (where the model
-reads them) ``token_type_ids``, with dynamic batch and sequence axes. The tokenizer is
+cross-encoder's logits. A bi-encoder's LoRA adapter becomes a graph of its own, the
+adapter merged into the weights (``merged_export``). Inputs are ``input_ids``,
+``attention_mask`` and (where the model reads them) ``token_type_ids``, with dynamic
+batch and sequence axes. The tokenizer is
 saved beside the graph, so a runtime that loads an export never loads the torch model.
 
 Every artifact (the export, and what runtimes derive from it: a fused graph, an int8
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embedder.core.errors import AdapterInvalid
 from embedder.core.jobs import Task
 from embedder.importers import default_cache_dir
 from embedder.importers.cache import file_sha256, locked, write_stamped
@@ -151,10 +154,32 @@ def onnx_export(spec: EncoderSpec, root: Path | None = None) -> Artifact:
     return build_cached("onnx", identity, lambda out: _export(spec, cross, out), root)
 
 
-def _export(spec: EncoderSpec, cross: bool, out: Path) -> dict[str, object]:
+def merged_export(
+    spec: EncoderSpec, base: Artifact, name: str, folder: Path, root: Path | None = None
+) -> Artifact:
+    """The model with LoRA adapter ``name`` (``folder``) merged into its weights, exported
+    as ``base`` was: a graph the runtimes derive and compile as they do the base's. Keyed by
+    the base export, the adapter's files and the libraries (peft merges)."""
+    if base.meta.get("kind") != "bi-encoder":
+        raise AdapterInvalid(
+            f"model {spec.name!r} takes no adapters: they are served for "
+            "sentence-transformers embedding models"
+        )
+    identity: dict[str, object] = {
+        "from": base.key,
+        "adapter": folder_digest(folder),
+        "libraries": library_versions(*EXPORT_LIBRARIES, "peft"),
+    }
+    adapter = (name, folder)
+    return build_cached("onnx-lora", identity, lambda out: _export(spec, False, out, adapter), root)
+
+
+def _export(
+    spec: EncoderSpec, cross: bool, out: Path, adapter: tuple[str, Path] | None = None
+) -> dict[str, object]:
     """Trace the model as the torch runtime loads it, with eager attention (the one form
     ONNX Runtime's attention fusion recognises), through the TorchScript exporter."""
-    graph, tokenizer, config, dimension, max_tokens = _traceable(spec, cross)
+    graph, tokenizer, config, dimension, max_tokens = _traceable(spec, cross, adapter)
     _trace(graph, tokenizer, out / GRAPH_FILE)
     tokenizer.save_pretrained(str(out / TOKENIZER_DIR))
     return {
@@ -167,11 +192,15 @@ def _export(spec: EncoderSpec, cross: bool, out: Path) -> dict[str, object]:
     }
 
 
-def _traceable(spec: EncoderSpec, cross: bool) -> tuple[Any, Any, object, int | None, int]:
+def _traceable(
+    spec: EncoderSpec, cross: bool, adapter: tuple[str, Path] | None = None
+) -> tuple[Any, Any, object, int | None, int]:
     """(graph module, tokenizer, model config, dimension, max tokens) as the torch runtime
-    loads the model on the CPU, wrapped to take positional tensors."""
+    loads the model on the CPU, wrapped to take positional tensors; with ``adapter``
+    (name, folder), its LoRA merged into the Transformer's weights."""
     import torch
 
+    from embedder.tasks.embed.runtimes.lora import merged
     from embedder.tasks.embed.runtimes.torch_st import _bi_encoder, _cross_encoder
 
     pooled, logits = _wrappers()
@@ -181,7 +210,10 @@ def _traceable(spec: EncoderSpec, cross: bool) -> tuple[Any, Any, object, int | 
         model, tokenizer, max_tokens = _cross_encoder(spec, cpu, kwargs)
         return logits(model), tokenizer, getattr(model, "config", None), None, max_tokens
     module, tokenizer, dimension, max_tokens = _bi_encoder(spec, cpu, kwargs)
-    config = getattr(next(iter(module.children())).auto_model, "config", None)
+    transformer: Any = next(iter(module.children()))
+    if adapter is not None:
+        transformer.model = merged(transformer.auto_model, *adapter, spec.name)
+    config = getattr(transformer.auto_model, "config", None)
     return pooled(module), tokenizer, config, dimension, max_tokens
 
 

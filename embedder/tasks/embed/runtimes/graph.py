@@ -4,7 +4,10 @@ length-sorted passes, as the torch runtime runs its module.
 Each runtime compiles the graph its own way and hands over one function from padded
 inputs to the graph's output; tokenizing (the shared mixin, from the tokenizer saved with
 the export), pass shapes, padding, the cross-encoder's score and the refusals live here,
-so both give the same ids, the same passes and the same errors.
+so both give the same ids, the same passes and the same errors. So do LoRA adapters:
+each is a graph of its own, the adapter merged in, built in the background and compiled
+by the runtime as the base graph was (``adapter_graphs``); a pass runs each adapter's rows
+on its graph.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from embedder.core.errors import AdapterInvalid
 from embedder.core.fleet import DeviceKind, FleetError, Precision
 from embedder.tasks.embed.batching import micro_batches
 from embedder.tasks.embed.runtimes import Encoded, RuntimeInfo
-from embedder.tasks.embed.runtimes.export import TOKENIZER_DIR, Artifact
+from embedder.tasks.embed.runtimes.adapter_graphs import AdapterGraphs
+from embedder.tasks.embed.runtimes.export import TOKENIZER_DIR, Artifact, merged_export
 from embedder.tasks.embed.runtimes.tokenizing import Tokenizing
 from embedder.tasks.embed.spec import EncoderSpec
 
@@ -81,6 +85,7 @@ class GraphRuntime(Tokenizing):
         profile = spec.profile(device)
         self.forward_tokens = profile.forward_tokens
         self.forward_max_sequences = profile.forward_max_sequences
+        self.adapters: AdapterGraphs[RunGraph] | None = None  # see serve_adapters
         self.info = RuntimeInfo(
             kind="cross-encoder" if self.cross else "bi-encoder",
             device=device,
@@ -102,30 +107,70 @@ class GraphRuntime(Tokenizing):
                 types[r, :n] = encoded.type_ids[i]
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
+    def serve_adapters(
+        self,
+        export: Artifact,
+        graph_file: Callable[[Artifact], Path],
+        compile_graph: Callable[[Path], RunGraph],
+    ) -> None:
+        """Serve LoRA adapters as graphs of their own: each merged into an export like
+        ``export``, made the runtime's graph file by ``graph_file`` and compiled by
+        ``compile_graph``, as the base graph was (``adapter_graphs``)."""
+
+        def build(name: str, folder: Path) -> Path:
+            return graph_file(merged_export(self.spec, export, name, folder))
+
+        self.adapters = AdapterGraphs(self.spec.name, self.runtime, build, compile_graph)
+
     def forward(
         self, encoded: Encoded, adapters: Sequence[str | None] | None = None
     ) -> NDArray[np.float32]:
-        if adapters and any(a is not None for a in adapters):
-            self.load_adapter(next(a for a in adapters if a is not None), Path())
-        lengths = [len(x) for x in encoded.ids]
-        passes = micro_batches(lengths, self.forward_tokens, self.forward_max_sequences)
+        """Each adapter's rows through its own graph, the base rows through the base's;
+        the output keeps the input's order."""
+        groups: dict[str | None, list[int]] = {}
+        for i, name in enumerate(adapters or [None] * len(encoded)):
+            groups.setdefault(name, []).append(i)
         result: NDArray[np.float32] | None = None
-        for rows in passes:
-            out = np.asarray(self.run(self._feeds(encoded, rows)), dtype=np.float32)
-            if self.cross:  # the torch runtime's score: the one logit, else the largest
-                out = out[:, 0] if out.shape[-1] == 1 else out.max(axis=-1)
+        for name, rows in groups.items():
+            run = self.run if name is None else self._adapters().runner(name)
+            out = self._run_rows(encoded, rows, run)
             if result is None:
                 result = np.empty((len(encoded), *out.shape[1:]), dtype=np.float32)
             result[rows] = out
         assert result is not None, "forward needs at least one input"
         return result
 
+    def _run_rows(self, encoded: Encoded, rows: list[int], run: RunGraph) -> NDArray[np.float32]:
+        """``rows`` of ``encoded`` in length-sorted passes, in the order given."""
+        lengths = [len(encoded.ids[i]) for i in rows]
+        passes = micro_batches(lengths, self.forward_tokens, self.forward_max_sequences)
+        result: NDArray[np.float32] | None = None
+        for positions in passes:
+            feeds = self._feeds(encoded, [rows[p] for p in positions])
+            out = np.asarray(run(feeds), dtype=np.float32)
+            if self.cross:  # the torch runtime's score: the one logit, else the largest
+                out = out[:, 0] if out.shape[-1] == 1 else out.max(axis=-1)
+            if result is None:
+                result = np.empty((len(rows), *out.shape[1:]), dtype=np.float32)
+            result[positions] = out
+        assert result is not None, "forward needs at least one input"
+        return result
+
+    def _adapters(self) -> AdapterGraphs[RunGraph]:
+        if self.adapters is None or self.cross:
+            raise AdapterInvalid(
+                f"model {self.spec.name!r} takes no adapters: they are served for "
+                "sentence-transformers embedding models"
+            )
+        return self.adapters
+
+    def prepare_adapter(self, name: str, folder: Path) -> None:
+        if self.adapters is not None and not self.cross:
+            self.adapters.prepare(name, folder)
+
     def load_adapter(self, name: str, folder: Path) -> None:
-        raise AdapterInvalid(
-            f"adapter {name!r}: model {self.spec.name!r} runs on runtime {self.runtime!r}, "
-            "an exported graph that cannot take adapters; serve adapters with runtime torch "
-            "(the profile's `runtime: torch`)"
-        )
+        self._adapters().load(name, folder)
 
     def unload_adapter(self, name: str) -> None:
-        pass  # nothing is ever resident
+        if self.adapters is not None:
+            self.adapters.unload(name)

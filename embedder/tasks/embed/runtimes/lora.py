@@ -2,7 +2,8 @@
 
 PEFT injects each adapter's low-rank matrices beside the base weights; a forward
 pass is told per row which adapter to apply (``"__base__"`` for none), so one batch
-can mix adapters. Merging would make one adapter free but every other one wrong.
+can mix adapters. Merging would make one adapter free but every other one wrong; the
+exported-graph runtimes merge anyway (``merged``), one graph per adapter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,26 @@ import torch
 from embedder.core.errors import AdapterInvalid
 
 BASE = "__base__"  # peft's row name for "no adapter"
+
+
+@contextlib.contextmanager
+def fitting(name: str, model_name: str) -> Iterator[None]:
+    """peft's errors for weights that do not fit the model, as AdapterInvalid."""
+    try:
+        yield
+    except (RuntimeError, ValueError, KeyError) as exc:  # shapes or target modules
+        raise AdapterInvalid(f"adapter {name!r} does not fit model {model_name!r}: {exc}") from exc
+
+
+def merged(model: torch.nn.Module, name: str, folder: Path, model_name: str) -> torch.nn.Module:
+    """``model`` with the adapter's low-rank update added into its weights: one adapter
+    for every row, at the base model's cost (what an exported graph of it runs)."""
+    from peft import PeftModel
+
+    with fitting(name, model_name):
+        peft = PeftModel.from_pretrained(model, str(folder), adapter_name=name, is_trainable=False)
+    plain: torch.nn.Module = peft.merge_and_unload()
+    return plain.eval()
 
 
 class LoraSlots:
@@ -33,17 +54,13 @@ class LoraSlots:
     def load(self, name: str, folder: Path) -> None:
         from peft import PeftModel
 
-        try:
+        with fitting(name, self.model_name):
             if self._peft is None:
                 self._peft = PeftModel.from_pretrained(
                     self.model, str(folder), adapter_name=name, is_trainable=False
                 )
             else:
                 self._peft.load_adapter(str(folder), adapter_name=name, is_trainable=False)  # type: ignore[operator]
-        except (RuntimeError, ValueError, KeyError) as exc:  # shapes or target modules
-            raise AdapterInvalid(
-                f"adapter {name!r} does not fit model {self.model_name!r}: {exc}"
-            ) from exc
         self._peft.eval()
 
     def unload(self, name: str) -> None:

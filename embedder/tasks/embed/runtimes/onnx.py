@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +32,18 @@ from embedder.tasks.embed.runtimes.export import (
     library_versions,
     onnx_export,
 )
-from embedder.tasks.embed.runtimes.graph import Feeds, GraphRuntime, chosen_precision, threads_for
+from embedder.tasks.embed.runtimes.graph import (
+    Feeds,
+    GraphRuntime,
+    RunGraph,
+    chosen_precision,
+    threads_for,
+)
 from embedder.tasks.embed.spec import EncoderSpec
 
 log = logging.getLogger(__name__)
+
+RunGraphFrom = Callable[[Path], RunGraph]
 
 # Model types whose layers ONNX Runtime's "bert" optimizer fuses (they share BERT's graph).
 FUSABLE = frozenset({"bert", "roberta", "xlm-roberta", "electra"})
@@ -151,23 +159,36 @@ def _providers(device: DeviceKind, dtype: str) -> list[str]:
     return ["CUDAExecutionProvider", "CPUExecutionProvider"]
 
 
-def load(spec: EncoderSpec, device: DeviceKind, threads: int) -> GraphRuntime:
-    dtype = chosen_precision(spec, device, "onnx", PRECISIONS, REFUSALS)
+def _compiler(spec: EncoderSpec, device: DeviceKind, threads: int, dtype: str) -> RunGraphFrom:
+    """Opens a graph file as a function from feeds to outputs, with this profile's options."""
     providers = _providers(device, dtype)
-    export = onnx_export(spec)
-    graph, label = PRECISIONS[dtype](export)
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads_for(spec, device, threads)
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # ONNX Runtime's own warnings are about the graph, not us
-    session = ort.InferenceSession(str(graph), options, providers=providers)
-    names = [i.name for i in session.get_inputs()]  # an unused input may be pruned
 
-    def run(feeds: Feeds) -> NDArray[np.float32]:
-        out = session.run(None, {name: feeds[name] for name in names})[0]
-        return np.asarray(out, dtype=np.float32)
+    def compile_graph(graph: Path) -> RunGraph:
+        session = ort.InferenceSession(str(graph), options, providers=providers)
+        names = [i.name for i in session.get_inputs()]  # an unused input may be pruned
 
+        def run(feeds: Feeds) -> NDArray[np.float32]:
+            out = session.run(None, {name: feeds[name] for name in names})[0]
+            return np.asarray(out, dtype=np.float32)
+
+        return run
+
+    return compile_graph
+
+
+def load(spec: EncoderSpec, device: DeviceKind, threads: int) -> GraphRuntime:
+    dtype = chosen_precision(spec, device, "onnx", PRECISIONS, REFUSALS)
+    compile_graph = _compiler(spec, device, threads, dtype)
+    export = onnx_export(spec)
+    graph, label = PRECISIONS[dtype](export)
+    run = compile_graph(graph)
     log.info("%s: onnx %s from %s", spec.name, label, graph)
-    return GraphRuntime(spec, export, run, runtime="onnx", device=device, dtype=label)
+    runtime = GraphRuntime(spec, export, run, runtime="onnx", device=device, dtype=label)
+    runtime.serve_adapters(export, lambda merged: PRECISIONS[dtype](merged)[0], compile_graph)
+    return runtime

@@ -136,6 +136,9 @@ class TorchRuntime(Tokenizing):
 
     # -- adapters ---------------------------------------------------------
 
+    def prepare_adapter(self, name: str, folder: Path) -> None:
+        pass  # peft loads an adapter in milliseconds, at its first request
+
     def load_adapter(self, name: str, folder: Path) -> None:
         if self.lora is None:
             raise AdapterInvalid(

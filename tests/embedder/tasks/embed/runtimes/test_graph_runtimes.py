@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from embedder.core.errors import AdapterInvalid
 from embedder.core.fleet import FleetError, Precision
 from embedder.core.jobs import Task
 from embedder.tasks.embed.runtimes import Runtime, load_runtime
@@ -120,14 +119,3 @@ def test_precisions_it_cannot_run_are_refused(
 def test_openvino_refuses_cuda(tiny_embedder: Path) -> None:
     with pytest.raises(FleetError, match="compiles for the CPU; on cuda use runtime torch"):
         load_runtime(spec_for(tiny_embedder, "openvino"), "cuda", 1)
-
-
-@pytest.mark.parametrize("runtime", GRAPH_RUNTIMES)
-def test_adapters_are_refused_with_the_fix(tiny_embedder: Path, runtime: str) -> None:
-    graph = load(tiny_embedder, runtime)
-    with pytest.raises(AdapterInvalid, match="serve adapters with runtime torch"):
-        graph.load_adapter("legal", tiny_embedder)
-    encoded = graph.tokenize(TEXTS[:2], "right")
-    with pytest.raises(AdapterInvalid, match=f"runs on runtime '{runtime}'"):
-        graph.forward(encoded, ["legal", None])
-    assert graph.forward(encoded, [None, None]).shape == (2, 32)  # base rows still run
