@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The engine and served benchmarks on CUDA, for a machine with a GPU: the fleet's
 # cuda profile (bf16 weights; flash-attn when it is installed, else SDPA), the
-# peers beside flotilla when their venvs exist. About 4 minutes in all; results
-# in bench/results/gpu-*.json (and .png, and each step's log).
+# peers beside flotilla when their venvs exist, then the tuner's CUDA plan. About
+# 8 minutes in all; results in bench/results/gpu-*.json (and .png, and each step's
+# log; the tuner's report under gpu-tune/, its profile in gpu-tuned.yaml).
 #
 #   bench/gpu.sh                 # from the repository root
 #   PYTHON=/path/to/python bench/gpu.sh
@@ -56,4 +57,8 @@ step engine 90 -m bench.engine --device cuda --n-texts 4000 --chunk 1000 --reps 
 step served 200 -m bench.served --device cuda --concurrency 1,16,64 --duration-s 6 \
     --warmup-s 3 --n-texts 2000 --ceiling-tokens 200000 --peer-batch-sizes 64,256 \
     --peer-duration-s 6 --out gpu-served
+# The tuner's CUDA plan (passes up to 32768 tokens x 512 sequences, budgets up to
+# 131072) on a short budget: fewer texts and rounds than a shipped profile's.
+step tune 240 -m flotilla tune all-minilm-l6-v2 --device cuda --texts 1000 --repeats 2 \
+    --out "$RESULTS/gpu-tuned.yaml" --results "$RESULTS/gpu-tune"
 exit $status

@@ -57,6 +57,22 @@ class Measured(BaseModel):
         default=None, description="The next best profile that passed the guard, with its tok/s."
     )
     calibration: str = Field(default="", description="The calibration texts.")
+    other_load_cores: float | None = Field(
+        default=None,
+        description="The most cores other processes kept busy during a timing round kept; "
+        "absent where it was not measured.",
+    )
+    disturbed_rounds: int | None = Field(
+        default=None, description="Rounds timed again because other processes' load rose."
+    )
+    noisy: bool | None = Field(
+        default=None,
+        description="True when timings stayed disturbed after every repeat and the profile "
+        "was written anyway (--allow-noisy): its figures are not this device's own.",
+    )
+    threads_why: str | None = Field(
+        default=None, description="Why fewer threads than usable cores, with the figures."
+    )
     date: str = ""
     flotilla_version: str = ""
     command: str = ""

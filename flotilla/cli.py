@@ -340,20 +340,27 @@ def tune(
         ),
     ] = "auto",
     texts: Annotated[
-        int | None, typer.Option(help="Calibration texts (240; --quick 64).", min=1)
+        int | None, typer.Option(help="Calibration texts (240, CUDA 2000; --quick 64, 512).", min=1)
     ] = None,
     repeats: Annotated[
         int | None, typer.Option(help="Timed rounds per candidate, best kept (3).", min=1)
     ] = None,
+    allow_noisy: Annotated[
+        bool,
+        typer.Option(
+            "--allow-noisy",
+            help="Write a profile even when other processes kept the CPU busy while it "
+            "was timed (its figures are then not this device's own; the load is recorded).",
+        ),
+    ] = False,
 ) -> None:
     """Search this device for each model's fastest profile (runtime x precision x pass
     shape x batch budget x threads) whose vectors stay within cosine 0.999 of torch fp32
     (int8 also within 0.005 nDCG@10), and write it, keyed by the device fingerprint, for
-    `flotilla serve` to use."""
-    import dataclasses
-
+    `flotilla serve` to use. Each round is timed on a quiet CPU (it waits for other
+    processes' load to fall, and times a disturbed round again); a profile timed beside a
+    busy CPU is not written unless --allow-noisy."""
     from embedder.core.errors import FlotillaError
-    from embedder.tuning.candidates import QUICK, Plan
     from flotilla.tune import tune as run
     from flotilla.wiring import configure_logging
 
@@ -368,17 +375,18 @@ def tune(
     if laws is not None and not laws.is_dir():
         raise typer.BadParameter(f"{laws} is not a folder", param_hint="'--calibration-dir'")
     configure_logging(settings)
-    plan = QUICK if quick else Plan()
-    plan = dataclasses.replace(plan, texts=texts or plan.texts, repeats=repeats or plan.repeats)
     try:
         run(
             settings,
             models or [],
+            quick=quick,
             write=write,
             out=out,
             results=results,
             which=calibration,  # type: ignore[arg-type]
-            plan=plan,
+            texts=texts,
+            repeats=repeats,
+            allow_noisy=allow_noisy,
         )
     except FlotillaError as exc:
         typer.echo(f"error: {exc.message}", err=True)

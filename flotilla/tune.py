@@ -8,11 +8,12 @@ the Python language reference for English ones), shows progress, and writes resu
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,11 +29,12 @@ from embedder.tasks.embed.runtimes import load_runtime
 from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tasks.registry import kind_of
 from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned
-from embedder.tuning.candidates import QUICK, Plan
+from embedder.tuning.candidates import Plan, plan_for
 from embedder.tuning.corpus import TextSection, english_sections, mixed_lengths, paragraphs_of
 from embedder.tuning.measure import Workload
+from embedder.tuning.quiet import Quiet, Quieting
 from embedder.tuning.retrieval import LabelledSet, Qrels, Run
-from embedder.tuning.search import Loader, Outcome, Search, Trial
+from embedder.tuning.search import Loader, Outcome, Search, Trial, TuneError
 from flotilla import __version__
 from flotilla.settings import Settings
 from flotilla.wiring import configured_fleet
@@ -143,6 +145,7 @@ def _trial_row(t: Trial) -> dict[str, Any]:
         "worst_cosine": t.verdict.worst_cosine if t.verdict else None,
         "ndcg_at_10": t.verdict.ndcg if t.verdict else None,
         "refused": t.refused,
+        "other_load_cores": t.other_load_cores,
     }
 
 
@@ -215,7 +218,8 @@ def plot(outcome: Outcome, path: Path) -> str:
 
 
 def entry(outcome: Outcome, note: str, command: str) -> TunedEntry:
-    c, up = outcome.chosen, outcome.runner_up
+    c, up, load = outcome.chosen, outcome.runner_up, outcome.load
+    most = load.max_other_cores
     return TunedEntry(
         profile=c.candidate.fields(),
         measured=Measured(
@@ -228,11 +232,103 @@ def entry(outcome: Outcome, note: str, command: str) -> TunedEntry:
             if up is not None
             else None,
             calibration=note,
+            other_load_cores=None if most is None else round(most, 2),
+            disturbed_rounds=load.disturbed_rounds if load.known else None,
+            noisy=True if load.noisy else None,
+            threads_why=outcome.threads_why,
             date=dt.date.today().isoformat(),
             flotilla_version=__version__,
             command=command,
         ),
     )
+
+
+class NoisyTune(TuneError):
+    """The CPU stayed busy with other processes' work while timing, after waiting and
+    repeating: the figures are not this device's own, and no profile is written."""
+
+    code = "noisy_tune"
+
+
+def load_line(outcome: Outcome) -> str:
+    """What the quiet checks saw, for the summary."""
+    load = outcome.load
+    if not load.known:
+        return "other processes' load: unknown here (no /proc/stat): timings unchecked"
+    line = (
+        f"other processes' load: at most {load.max_other_cores:.2f} cores during the rounds "
+        f"kept (threshold {load.threshold_cores:.2f}); {load.disturbed_rounds} rounds timed "
+        f"again, {load.waited_s:.0f} s waited for quiet"
+    )
+    return line + ("; [red]still disturbed after every repeat: noisy[/]" if load.noisy else "")
+
+
+def refuse_noisy(outcome: Outcome) -> None:
+    load = outcome.load
+    if load.noisy:
+        raise NoisyTune(
+            f"{outcome.model}: other processes kept up to {load.max_other_cores:.2f} cores "
+            f"busy while timing (over {load.threshold_cores:.2f}), after waiting for quiet "
+            f"and timing {load.disturbed_rounds} rounds again: the figures are not this "
+            "device's own, so no profile is written. Quiet the machine and tune again, or "
+            "pass --allow-noisy to write it with the load recorded."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a tune runs and what it writes."""
+
+    device: DeviceKind
+    fingerprint: str
+    cores: int
+    command: str
+    results: Path
+
+
+def _search(
+    settings: Settings, spec: EncoderSpec, cal: Calibrated, plan: Plan, to: Target,
+    loader: Loader, quiet: Quieting, console: Console,
+) -> Outcome:  # fmt: skip
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("{task.fields[label]}"))  # fmt: skip
+    with Progress(*columns, console=console, transient=True) as bar:
+        return Search(
+            spec,
+            to.device,
+            loader,
+            cal.workload,
+            threads=settings.threads or to.cores,
+            cores=to.cores,
+            plan=plan,
+            labelled=cal.labelled,
+            progress=RichProgress(bar, spec.name),
+            quiet=quiet,
+        ).run()
+
+
+def _report(outcome: Outcome, made: TunedEntry, plan: Plan, to: Target, console: Console) -> None:
+    """The table and summary on the terminal; the JSON report and PNG under results."""
+    Console(width=None if sys.stdout.isatty() else 160).print(table(outcome))
+    console.print(load_line(outcome))
+    if outcome.threads_why:
+        console.print(f"threads: {outcome.threads_why}")
+    stem = to.results / re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{outcome.model}-{to.fingerprint}")
+    report = {
+        "model": outcome.model,
+        "fingerprint": to.fingerprint,
+        "plan": {k: getattr(plan, k) for k in plan.__dataclass_fields__},
+        "chosen": made.model_dump(mode="json"),
+        "load": dataclasses.asdict(outcome.load),
+        "trials": [_trial_row(t) for t in outcome.trials],
+    }
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    picture = plot(outcome, stem.with_suffix(".png"))
+    console.print(f"JSON: {stem.with_suffix('.json')}; {picture}")
+
+
+def sized(plan: Plan, texts: int | None, repeats: int | None) -> Plan:
+    return dataclasses.replace(plan, texts=texts or plan.texts, repeats=repeats or plan.repeats)
 
 
 def tune(
@@ -245,8 +341,15 @@ def tune(
     results: Path = Path("tune-results"),
     which: Calibration = "auto",
     plan: Plan | None = None,
+    texts: int | None = None,
+    repeats: int | None = None,
+    allow_noisy: bool = False,
     loader: Loader = load_runtime,
+    quiet: Callable[[], Quieting] | None = None,
 ) -> list[Outcome]:
+    """Tune each model; a model timed beside a busy CPU (``NoisyTune``) is written only
+    with ``allow_noisy``. ``quiet`` makes each model's quiet checks (``Quiet``'s, on
+    /proc/stat, when None)."""
     console = Console(stderr=True)
     fleet = configured_fleet(settings)
     # Unnamed, every model the tuner can time (generation models measure their dtype at
@@ -256,46 +359,24 @@ def tune(
     ]
     specs = [entry_as(spec, EncoderSpec) for spec in named]
     device: DeviceKind = detect_device() if settings.device == "auto" else settings.device
-    fp = fingerprint(device)
-    plan = plan or (QUICK if quick else Plan())
-    cores = usable_cores()
+    plan = plan or sized(plan_for(device, quick=quick), texts, repeats)
     command = "flotilla tune " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["tune"] else "tune()"
+    to = Target(device, fingerprint(device), usable_cores(), command, results)
     target = out or settings.tuned_file
     tuned = load_tuned(target)
     results.mkdir(parents=True, exist_ok=True)
     outcomes = []
-    console.print(f"device {fp}; the machine may be shared: figures are best of {plan.repeats}")
+    console.print(f"device {to.fingerprint}; figures are best of {plan.repeats} rounds, each "
+                  "on a quiet CPU (other processes' load checked)")  # fmt: skip
     for spec in specs:
         cal = calibration(spec, which, settings.calibration_dir, plan.texts, console)
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn(), TextColumn("{task.fields[label]}"))  # fmt: skip
-        with Progress(*columns, console=console, transient=True) as bar:
-            outcome = Search(
-                spec,
-                device,
-                loader,
-                cal.workload,
-                threads=settings.threads or cores,
-                cores=cores,
-                plan=plan,
-                labelled=cal.labelled,
-                progress=RichProgress(bar, spec.name),
-            ).run()
+        outcome = _search(settings, spec, cal, plan, to, loader, (quiet or Quiet)(), console)
         outcomes.append(outcome)
-        Console(width=None if sys.stdout.isatty() else 160).print(table(outcome))
-        stem = results / re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{spec.name}-{fp}")
         made = entry(outcome, cal.note, command)
-        report = {
-            "model": spec.name,
-            "fingerprint": fp,
-            "plan": {k: getattr(plan, k) for k in plan.__dataclass_fields__},
-            "chosen": made.model_dump(mode="json"),
-            "trials": [_trial_row(t) for t in outcome.trials],
-        }
-        stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
-        picture = plot(outcome, stem.with_suffix(".png"))
-        console.print(f"JSON: {stem.with_suffix('.json')}; {picture}")
+        _report(outcome, made, plan, to, console)
+        if write and not allow_noisy:
+            refuse_noisy(outcome)
         if write:
-            tuned = tuned.with_entry(spec.name, fp, made)
+            tuned = tuned.with_entry(spec.name, to.fingerprint, made)
             console.print(f"{spec.name}: tuned profile written to {save_tuned(tuned, target)}")
     return outcomes

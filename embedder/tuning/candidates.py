@@ -79,6 +79,25 @@ class Plan:
 
 
 QUICK = Plan(texts=64, repeats=2, finalists=1, quick=True)
+# A GPU runs passes of tens of thousands of tokens in milliseconds: its shapes and batch
+# budgets reach far past a CPU's, and it needs more texts to fill its largest budget
+# several times over. torch attends with flash-attn when installed, else SDPA.
+CUDA = Plan(
+    texts=2000,
+    shapes=((4096, 64), (8192, 128), (16384, 256), (32768, 256), (32768, 512)),
+    batch_tokens=(8192, 16384, 32768, 65536, 131072),
+)
+# QUICK's budget over the GPU's search space, on enough texts to fill its passes.
+CUDA_QUICK = replace(
+    CUDA, texts=512, repeats=QUICK.repeats, finalists=QUICK.finalists, quick=QUICK.quick
+)
+PLANS: dict[DeviceKind, tuple[Plan, Plan]] = {"cpu": (Plan(), QUICK), "cuda": (CUDA, CUDA_QUICK)}
+
+
+def plan_for(device: DeviceKind, *, quick: bool = False) -> Plan:
+    """The search's plan for this kind of device: the full one, or the quick one."""
+    full, short = PLANS[device]
+    return short if quick else full
 
 
 def precisions(device: DeviceKind) -> list[tuple[str, Precision]]:

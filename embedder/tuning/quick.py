@@ -9,7 +9,7 @@ from embedder.core.device import usable_cores
 from embedder.core.fleet import DeviceKind
 from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tuned import ProfileChoice
-from embedder.tuning.candidates import QUICK
+from embedder.tuning.candidates import plan_for
 from embedder.tuning.corpus import english_sections, mixed_lengths, paragraphs_of
 from embedder.tuning.measure import Workload
 from embedder.tuning.search import Loader, Search
@@ -18,11 +18,12 @@ from embedder.tuning.search import Loader, Search
 def quick_choice(
     spec: EncoderSpec, device: DeviceKind, loader: Loader, threads: int, fingerprint: str
 ) -> ProfileChoice:
-    texts = mixed_lengths(paragraphs_of(english_sections()), QUICK.texts)
+    plan = plan_for(device, quick=True)
+    texts = mixed_lengths(paragraphs_of(english_sections()), plan.texts)
     workload = Workload(texts, spec.prompt_prefix(use="document"))
     cores = usable_cores()
     outcome = Search(
-        spec, device, loader, workload, threads=threads or cores, cores=cores, plan=QUICK
+        spec, device, loader, workload, threads=threads or cores, cores=cores, plan=plan
     ).run()
     chosen = outcome.chosen
     fleet = spec.profile(device)

@@ -28,6 +28,7 @@ from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tuning.candidates import Candidate, Plan, precisions, thread_counts
 from embedder.tuning.guard import Verdict, judge, needs_retrieval_check
 from embedder.tuning.measure import Workload, batches, timed_pass
+from embedder.tuning.quiet import LoadSeen, Quieting, Unwatched
 from embedder.tuning.retrieval import LabelledSet, ndcg
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class Progress(Protocol):
 
 class NoProgress:
     def stage(self, name: str, steps: int) -> None:
-        log.info("tuning: %s (%d steps)", name, steps)
+        pass  # the search logs each stage itself
 
     def advance(self, label: str) -> None:
         pass
@@ -63,6 +64,7 @@ class Trial:
     tokens_per_s: float | None = None
     verdict: Verdict | None = None
     error: str | None = None  # it did not load or run
+    other_load_cores: float | None = None  # the most seen during its stage's kept rounds
 
     @property
     def refused(self) -> str | None:
@@ -83,6 +85,15 @@ class Outcome:
     runner_up: Trial | None  # the best of another runtime x precision
     ndcg_fp32: float | None
     trials: list[Trial] = field(default_factory=list)
+    load: LoadSeen = field(default_factory=LoadSeen)  # other processes' load while timing
+    threads_why: str | None = None  # why fewer threads than cores, when so
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    seconds: float
+    tokens: int  # real ones, padding excluded
+    out: NDArray[np.float32]
 
 
 class Search:
@@ -98,6 +109,7 @@ class Search:
         plan: Plan,
         labelled: LabelledSet | None = None,
         progress: Progress | None = None,
+        quiet: Quieting | None = None,
     ) -> None:
         if spec.task != Task.EMBED:
             raise TuneError(f"model {spec.name!r} is a {spec.task}: only embedders are tuned")
@@ -105,6 +117,7 @@ class Search:
         self.threads, self.cores, self.plan = threads, cores, plan
         self.labelled = labelled
         self.progress = progress or NoProgress()
+        self.quiet = quiet or Unwatched()
         self.trials: list[Trial] = []
         self.reference_out: NDArray[np.float32] | None = None
         self.ndcg_fp32: float | None = None
@@ -125,49 +138,77 @@ class Search:
     def _stage(
         self, name: str, candidates: Sequence[Candidate], *, reload: bool = False
     ) -> list[Trial]:
-        """Time each candidate: warm-up, then ``repeats`` interleaved rounds, best kept.
-        ``reload`` loads each candidate afresh before each of its timings (threads: torch's
-        thread count is process-wide, set when a runtime loads)."""
-        unique = list(dict.fromkeys(candidates))
-        trials = [Trial(name, c) for c in unique]
-        self.progress.stage(name, len(trials) * (self.plan.repeats + 1))
+        """Time each candidate: warm-up, then ``repeats`` interleaved rounds, best kept,
+        each round on a quiet device (``Quieting``). ``reload`` loads each candidate afresh
+        before each of its timings (threads: torch's thread count is process-wide, set
+        when a runtime loads), its warm-up within that timing."""
+        trials = [Trial(name, c) for c in dict.fromkeys(candidates)]
+        rounds = self.plan.repeats + (0 if reload else 1)
+        self.progress.stage(name, len(trials) * rounds)
+        log.info("tuning %s: %s, %d candidates x %d rounds", self.spec.name, name,
+                 len(trials), self.plan.repeats)  # fmt: skip
         loaded: dict[tuple[object, ...], Runtime | str] = {}
-        best: dict[int, float] = {}
-        outputs: dict[int, NDArray[np.float32]] = {}
-
-        def run(i: int, trial: Trial, counted: bool) -> None:
-            key = trial.candidate.load_key
-            runtime = self._load(trial.candidate) if reload else loaded.get(key)
-            if runtime is None:
-                runtime = loaded[key] = self._load(trial.candidate)
-            if isinstance(runtime, str):
-                trial.error = runtime
-                return
-            try:
-                encoded = self.workload.encode(runtime)
-                parts = batches(encoded, trial.candidate.max_batch_tokens)
-                if reload or not counted:
-                    timed_pass(runtime, parts)  # warm-up: first calls pick kernels
-                seconds, out = timed_pass(runtime, parts)
-            except Exception as exc:
-                trial.error = f"failed to run: {type(exc).__name__}: {exc}"
-                return
-            if counted:
-                best[i] = min(best.get(i, float("inf")), seconds)
-                outputs.setdefault(i, out)
-                trial.tokens_per_s = encoded.tokens / best[i]
-            self._retrieval(trial, runtime)
-
-        for counted in (False, *([True] * self.plan.repeats)):
-            for i, trial in enumerate(trials):
-                if trial.error is None and not (reload and not counted):
-                    run(i, trial, counted)
-                self.progress.advance(trial.candidate.label)
+        if not reload:
+            self._round(trials, loaded, reload=False, counted=False)
+        best: dict[int, Timing] = {}
+        loads: list[float] = []
+        for _ in range(self.plan.repeats):
+            timings, load = self.quiet.round(
+                lambda: self._round(trials, loaded, reload=reload, counted=True), self._waiting
+            )
+            loads += [load] if load is not None else []
+            for i, timing in timings.items():
+                if i not in best or timing.seconds < best[i].seconds:
+                    best[i] = Timing(timing.seconds, timing.tokens, best.get(i, timing).out)
         for i, trial in enumerate(trials):
-            if trial.error is None and i in outputs:
-                self._guard(trial, outputs[i])
+            trial.other_load_cores = max(loads, default=None)
+            if trial.error is None and i in best:
+                trial.tokens_per_s = best[i].tokens / best[i].seconds
+                self._guard(trial, best[i].out)
         self.trials.extend(trials)
         return trials
+
+    def _waiting(self, load: float) -> None:
+        log.info("tuning %s: waiting for the CPU to quiet (other load %.1f cores)",
+                 self.spec.name, load)  # fmt: skip
+
+    def _round(
+        self,
+        trials: Sequence[Trial],
+        loaded: dict[tuple[object, ...], Runtime | str],
+        *,
+        reload: bool,
+        counted: bool,
+    ) -> dict[int, Timing]:
+        """One pass over every candidate still running, interleaved: their timings."""
+        timings: dict[int, Timing] = {}
+        for i, trial in enumerate(trials):
+            if trial.error is None:
+                key = trial.candidate.load_key
+                runtime = self._load(trial.candidate) if reload else loaded.get(key)
+                if runtime is None:
+                    runtime = loaded[key] = self._load(trial.candidate)
+                timing = self._time(trial, runtime, warm_up=reload or not counted)
+                if timing is not None and counted:
+                    timings[i] = timing
+            self.progress.advance(trial.candidate.label)
+        return timings
+
+    def _time(self, trial: Trial, runtime: Runtime | str, *, warm_up: bool) -> Timing | None:
+        if isinstance(runtime, str):
+            trial.error = runtime
+            return None
+        try:
+            encoded = self.workload.encode(runtime)
+            parts = batches(encoded, trial.candidate.max_batch_tokens)
+            if warm_up:
+                timed_pass(runtime, parts)  # first calls pick kernels
+            seconds, out = timed_pass(runtime, parts)
+        except Exception as exc:
+            trial.error = f"failed to run: {type(exc).__name__}: {exc}"
+            return None
+        self._retrieval(trial, runtime)
+        return Timing(seconds, encoded.tokens, out)
 
     def _retrieval(self, trial: Trial, runtime: Runtime) -> None:
         """nDCG@10 once per runtime x precision that needs it (and for fp32, the bar)."""
@@ -260,4 +301,31 @@ class Search:
             others[0] if others else None,
             self.ndcg_fp32,
             self.trials,
+            self.quiet.seen,
+            threads_why(chosen, self.trials, self.cores, self.plan.tie),
         )
+
+
+def threads_why(chosen: Trial, trials: Sequence[Trial], cores: int, tie: float) -> str | None:
+    """Why the chosen profile runs on fewer threads than the cores it may use, with the
+    threads stage's figures; None when it uses them all or no threads stage ran."""
+    c = chosen.candidate
+    if chosen.stage != "threads" or c.threads >= cores or not chosen.tokens_per_s:
+        return None
+    same = [t for t in trials if t.stage == "threads" and t.passed and t.tokens_per_s
+            and t.candidate == c.but(threads=t.candidate.threads)]  # fmt: skip
+    # On equal figures the most threads count as the fastest: a tie is a tie, not a win.
+    fastest = max(same, key=lambda t: (t.tokens_per_s or 0.0, t.candidate.threads))
+    if fastest is chosen:
+        others = "; ".join(f"{_threads(t)}: {t.tokens_per_s:,.0f}" for t in same if t is not chosen)
+        others = others or "no other count passed"
+        return f"{_threads(chosen)}: {chosen.tokens_per_s:,.0f} tok/s, the fastest ({others})"
+    return (
+        f"{_threads(chosen)}: {chosen.tokens_per_s:,.0f} tok/s within {tie:.0%} of "
+        f"{_threads(fastest)}' {fastest.tokens_per_s:,.0f} (the tie rule prefers fewer)"
+    )
+
+
+def _threads(trial: Trial) -> str:
+    n = trial.candidate.threads
+    return f"{n} thread" if n == 1 else f"{n} threads"

@@ -4,6 +4,7 @@ builds serves the model with it, saying so in describe() (what /v1/models shows)
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from pathlib import Path
@@ -18,9 +19,11 @@ from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.fleet import load_fleet
 from embedder.tuned import load_tuned
+from embedder.tuning.quiet import Quiet
 from flotilla.cli import app
 from flotilla.settings import Settings
 from flotilla.wiring import adapter_catalog, model_host
+from tests.embedder.tuning.test_quiet import ScriptedMeter, Sleeps
 from tests.gateway.conftest import hub_offline
 from tests.tiny_models import build_tiny_embedder
 
@@ -44,6 +47,14 @@ def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def quiet_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quiet checks read a scripted load, not this (shared) machine's."""
+    import flotilla.tune
+
+    monkeypatch.setattr(flotilla.tune, "Quiet", lambda: Quiet(ScriptedMeter(), sleep=Sleeps()))
+
+
 @pytest.mark.usefixtures("clean_env")
 async def test_tune_writes_a_profile_that_the_served_host_then_picks(
     fleet_file: Path, tmp_path: Path
@@ -60,6 +71,8 @@ async def test_tune_writes_a_profile_that_the_served_host_then_picks(
     assert entry.measured.worst_cosine >= 0.999 and entry.measured.tokens_per_s > 0
     assert entry.measured.calibration.startswith("English")  # not a multilingual model
     assert entry.measured.fp32_tokens_per_s
+    assert entry.measured.other_load_cores == 0.0 and entry.measured.disturbed_rounds == 0
+    assert entry.measured.noisy is None
     report = json.loads(next(results.glob("*.json")).read_text())
     assert report["fingerprint"] == fp
     assert {t["stage"] for t in report["trials"]} >= {"runtime x precision", "threads"}
@@ -79,6 +92,60 @@ async def test_tune_writes_a_profile_that_the_served_host_then_picks(
     pinned = host.describe("pinned")["profile"]
     assert pinned["source"] == "fleet" and "pins dtype float32" in pinned["why"]  # type: ignore[index]
     assert host.describe("pinned")["dtype"] == "float32"
+
+
+# -- a CPU busy with other processes' work: no profile, unless asked for -------------
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_tune_beside_a_busy_cpu_refuses_to_write_unless_allowed(
+    fleet_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flotilla.tune
+
+    busy = lambda: Quiet(ScriptedMeter(then=1.4), sleep=Sleeps(), wait_s=1.0)  # noqa: E731
+    monkeypatch.setattr(flotilla.tune, "Quiet", busy)
+    tuned_file = tmp_path / "tuned.yaml"
+    args = ["tune", "tiny", "--fleet", str(fleet_file), "--device", "cpu", "--quick"]
+    args += ["--tuned-file", str(tuned_file), "--results", str(tmp_path / "results")]
+    args += ["--texts", "8", "--repeats", "1"]
+    with hub_offline():
+        refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 1, refused.output
+    assert "1.40 cores" in refused.output and "--allow-noisy" in refused.output
+    assert not tuned_file.exists()
+    with hub_offline():
+        allowed = CliRunner().invoke(app, [*args, "--allow-noisy"])
+    assert allowed.exit_code == 0, allowed.output
+    entry = load_tuned(tuned_file).entry("tiny", fingerprint("cpu"))
+    assert entry is not None and entry.measured.noisy is True
+    assert entry.measured.other_load_cores == 1.4
+    assert entry.measured.disturbed_rounds == 3  # the first round's repeats; then no more
+
+
+def test_a_cuda_device_is_tuned_with_the_cuda_plan(
+    fleet_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan follows the device, no GPU needed to check which (the search is stopped
+    before it loads anything)."""
+    import flotilla.tune
+    from embedder.tuning.candidates import CUDA
+
+    class Planned(Exception):
+        pass
+
+    plans = []
+
+    def stop(*args: object) -> None:
+        plans.append(args[3])
+        raise Planned
+
+    monkeypatch.setattr(flotilla.tune, "fingerprint", lambda device: f"{device}:test")
+    monkeypatch.setattr(flotilla.tune, "_search", stop)
+    settings = Settings(fleet=fleet_file, device="cuda", tuned_file=tmp_path / "t.yaml")
+    with pytest.raises(Planned):
+        flotilla.tune.tune(settings, ["tiny"], results=tmp_path, repeats=2)
+    assert plans == [dataclasses.replace(CUDA, repeats=2)]
 
 
 # -- the laws multilingual models calibrate on: only where --calibration-dir points ------

@@ -203,3 +203,96 @@ def test_the_report_table_and_the_tuned_entry_render(monkeypatch: pytest.MonkeyP
     assert made.profile == outcome.chosen.candidate.fields()
     assert made.measured.fp32_tokens_per_s == round(outcome.fp32.tokens_per_s or 0, 1)
     assert made.measured.runner_up is not None
+
+
+# -- timing on a quiet device, and saying why fewer threads ---------------------------
+
+
+@pytest.mark.usefixtures("registry")
+def test_a_disturbed_round_is_timed_again_and_the_outcome_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from embedder.tuning.quiet import Quiet
+    from flotilla.tune import entry
+    from tests.embedder.tuning.test_quiet import ScriptedMeter, Sleeps
+
+    tuner, _ = search(BEHAVIOURS, monkeypatch)
+    # The first counted round: quiet before it, 1.5 cores beside it; then quiet throughout.
+    meter = ScriptedMeter([0.0, 1.5])
+    tuner.quiet = Quiet(meter, sleep=Sleeps())
+    outcome = tuner.run()
+    assert outcome.load.disturbed_rounds == 1 and not outcome.load.noisy
+    assert outcome.load.max_other_cores == 0.0  # the kept rounds ran beside nothing
+    first = [t for t in outcome.trials if t.stage == "runtime x precision"]
+    assert {t.other_load_cores for t in first} == {0.0}
+    rounds = TINY.repeats * len({t.stage for t in outcome.trials})
+    assert meter.intervals == 2 * (rounds + 1)  # a check before and during each, one more
+    assert outcome.chosen.candidate.dtype == "bfloat16"  # the search itself is unchanged
+    measured = entry(outcome, "fake texts", "flotilla tune m").measured
+    assert (measured.disturbed_rounds, measured.other_load_cores, measured.noisy) == (1, 0.0, None)
+
+
+@pytest.mark.usefixtures("registry")
+def test_a_search_without_quiet_checks_says_the_load_is_unknown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flotilla.tune import entry
+
+    tuner, _ = search(BEHAVIOURS, monkeypatch)
+    outcome = tuner.run()
+    assert not outcome.load.known and outcome.load.max_other_cores is None
+    measured = entry(outcome, "fake texts", "flotilla tune m").measured
+    assert measured.other_load_cores is None and measured.disturbed_rounds is None
+
+
+@pytest.mark.usefixtures("registry")
+def test_fewer_threads_than_cores_say_why_with_the_figures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from flotilla.tune import entry
+
+    tuner, _ = search(BEHAVIOURS, monkeypatch)
+    outcome = tuner.run()
+    # The fake clock charges per token: 1 and 2 threads tie, and the fewer win.
+    assert outcome.chosen.candidate.threads == 1
+    by = {t.candidate.threads: t for t in outcome.trials if t.stage == "threads"
+          and t.candidate.dtype == "bfloat16"}  # fmt: skip
+    assert outcome.threads_why is not None
+    assert outcome.threads_why.startswith(f"1 thread: {by[1].tokens_per_s:,.0f} tok/s")
+    assert f"within 3% of 2 threads' {by[2].tokens_per_s:,.0f}" in outcome.threads_why
+    assert entry(outcome, "t", "c").measured.threads_why == outcome.threads_why
+
+
+def test_threads_why_names_the_tie_or_the_fastest() -> None:
+    from embedder.tuning.candidates import Candidate
+    from embedder.tuning.guard import Verdict
+    from embedder.tuning.search import Trial, threads_why
+
+    base = Candidate("torch", "bfloat16", 1, 1024, 16, 4096)
+    passed = Verdict(worst_cosine=1.0, ndcg=None, refused=None)
+
+    def trial(threads: int, tokens_per_s: float) -> Trial:
+        return Trial("threads", base.but(threads=threads), tokens_per_s, passed)
+
+    one, two = trial(1, 3150.0), trial(2, 3180.0)
+    assert threads_why(one, [one, two], cores=2, tie=0.03) == (
+        "1 thread: 3,150 tok/s within 3% of 2 threads' 3,180 (the tie rule prefers fewer)"
+    )
+    faster = trial(1, 3500.0)
+    assert threads_why(faster, [faster, two], cores=2, tie=0.03) == (
+        "1 thread: 3,500 tok/s, the fastest (2 threads: 3,180)"
+    )
+    assert threads_why(two, [one, two], cores=2, tie=0.03) is None  # every core used
+    assert threads_why(Trial("batch budget", base, 1.0, passed), [], cores=2, tie=0.03) is None
+
+
+def test_a_gpu_gets_its_own_wider_plan() -> None:
+    from embedder.tuning.candidates import CUDA, QUICK, Plan, plan_for
+
+    assert plan_for("cpu") == Plan() and plan_for("cpu", quick=True) == QUICK
+    gpu = plan_for("cuda")
+    assert gpu is CUDA and not gpu.quick
+    assert max(gpu.shapes) == (32768, 512) and max(gpu.batch_tokens) >= 65536
+    assert max(gpu.shapes) > max(Plan().shapes) and gpu.texts > Plan().texts
+    short = plan_for("cuda", quick=True)
+    assert short.quick and short.shapes == gpu.shapes and short.repeats == QUICK.repeats
