@@ -75,10 +75,19 @@ class Plan:
     # Within this share of the fastest, the smaller batch budget and fewer threads win:
     # they cost latency and cores, and such a gap is within a shared machine's noise.
     tie: float = 0.03
-    quick: bool = False  # the first stage only: what a load-time tune does
+    quick: bool = False  # no threads stage: the tune at load or in the background
 
 
-QUICK = Plan(texts=64, repeats=2, finalists=1, quick=True)
+# Seconds to minutes: the best precision, then two pass shapes and two batch budgets
+# around the fleet's own (threads stay what serving runs with).
+QUICK = Plan(
+    texts=64,
+    repeats=2,
+    finalists=1,
+    shapes=((1024, 16), (2048, 64)),
+    batch_tokens=(4096, 8192),
+    quick=True,
+)
 
 
 def precisions(device: DeviceKind) -> list[tuple[str, Precision]]:
