@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from typing import Any
@@ -15,6 +17,13 @@ from embedder.tasks.embed.execute import LoadedModel
 from embedder.tasks.embed.spec import ENGINE, EncoderProfile, EncoderSpec
 from embedder.tasks.embed.worker import Worker
 from embedder.tasks.kind import Engine, EngineContext
+
+log = logging.getLogger(__name__)
+
+# After a switch, how often and how long to wait for the batches still on the old
+# runtime (at most three: one finishing, one on the device, one prepared ahead).
+RELEASE_POLL_S = 0.005
+RELEASE_WAIT_S = 60.0
 
 
 def batch_limits(profile: EncoderProfile) -> BatchLimits:
@@ -34,13 +43,16 @@ class EncoderEngine:
         self.loaded: dict[str, LoadedModel] = {}
         self.worker: Worker | None = None
 
-    async def serve(self, spec: ModelSpec, runtime: Any) -> None:
+    def _loaded_model(self, spec: ModelSpec, runtime: Any) -> LoadedModel:
         assert isinstance(spec, EncoderSpec)
         profile = spec.profile(self.context.device)
         resident = ResidentAdapters(
             profile.max_resident_adapters, runtime.load_adapter, runtime.unload_adapter
         )
-        model = LoadedModel(spec, runtime, batch_limits(profile), self.context.adapters, resident)
+        return LoadedModel(spec, runtime, batch_limits(profile), self.context.adapters, resident)
+
+    async def serve(self, spec: ModelSpec, runtime: Any) -> None:
+        model = self._loaded_model(spec, runtime)
         self.loaded[spec.name] = model
         if self.worker is not None:
             self.worker.add_model(model)
@@ -49,6 +61,29 @@ class EncoderEngine:
         worker = Worker(self.context.queue, {spec.name: model}, limits, turns=self.context.turns)
         await worker.start()
         self.worker = worker
+
+    async def switch(self, spec: ModelSpec, runtime: Any) -> None:
+        """Serve ``spec`` (a model already served) with ``runtime`` from the next batch on,
+        then let the old runtime go once no batch holds it. The new runtime first loads
+        the adapters resident in the old (in a thread: the loop goes on meanwhile), so
+        their next requests find them; one that fails to load there loads on demand."""
+        old = self.loaded[spec.name]
+        model = self._loaded_model(spec, runtime)
+        if old.resident is not None and model.resident is not None and old.resident.folders:
+            failed = await asyncio.to_thread(model.resident.ensure, old.resident.folders)
+            for name, error in failed.items():
+                log.warning(
+                    "%s: adapter %s did not load on the new runtime: %s", spec.name, name, error
+                )
+        worker = self.worker
+        self.loaded[spec.name] = model
+        if worker is None:
+            return
+        old = worker.replace_model(model)
+        waited = 0.0
+        while worker.holds(old) and worker.running() and waited < RELEASE_WAIT_S:
+            await asyncio.sleep(RELEASE_POLL_S)
+            waited += RELEASE_POLL_S
 
     def describe(self, model: str) -> dict[str, object] | None:
         loaded = self.loaded.get(model)
