@@ -23,7 +23,7 @@ from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.embed.engine import EncoderEngine
 from embedder.tasks.embed.runtimes import Encoded
 from embedder.tasks.kind import EngineContext
-from tests.embedder.tasks.embed.test_worker import WAIT_S, Client, vectors_of
+from tests.embedder.tasks.embed.test_worker import WAIT_S, Client, until, vectors_of
 from tests.fakes import FakeRuntime, fake_fleet
 
 SHIFT = 7  # the new runtime's token ids are the old one's plus this
@@ -81,7 +81,7 @@ async def test_a_closed_loop_of_requests_runs_through_a_switch_unharmed() -> Non
     await engine.serve(spec, old)
     try:
         users = [asyncio.create_task(user(n)) for n in range(6)]
-        await asyncio.sleep(0.15)  # the loop is in full flow
+        await until(lambda: len(old.forward_calls) > 5)  # the loop is in full flow
         forwards_before = len(old.forward_calls)
         await engine.switch(spec, new)
         switched.set()
@@ -90,7 +90,7 @@ async def test_a_closed_loop_of_requests_runs_through_a_switch_unharmed() -> Non
     finally:
         await engine.stop()
 
-    assert forwards_before > 3 and new.forward_calls  # both runtimes served batches
+    assert forwards_before > 5 and new.forward_calls  # both runtimes served batches
     assert len(old.forward_calls) == old_after_switch  # the old one is out once switch returns
     assert engine.loaded["m"].runtime is new
     failed = [(text, result) for text, _, result in answered if not hasattr(result, "body")]
@@ -98,7 +98,7 @@ async def test_a_closed_loop_of_requests_runs_through_a_switch_unharmed() -> Non
     for text, _, result in answered:
         np.testing.assert_allclose(vectors_of(result), [old.expected_vector(text)], atol=1e-6)  # type: ignore[arg-type]
     # Nobody waited for the switch: the slowest answer is a few batches, not a load.
-    assert max(latency for _, latency, _ in answered) < 1.0
+    assert max(latency for _, latency, _ in answered) < 2.0
 
 
 async def test_the_new_runtime_takes_the_resident_adapters_before_it_serves(
