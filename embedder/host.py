@@ -339,9 +339,11 @@ class ModelHost(Lifecycle):
         )  # fmt: skip
         # The old runtime was frozen out of the collector's sight with the rest of the
         # load (see _load_and_run): one full pass frees it.
+        freeing = time.monotonic()
         gc.unfreeze()
         gc.collect()
         gc.freeze()
+        log.info("%s: old runtime freed in %.2f s", spec.name, time.monotonic() - freeing)
 
 
 def as_choice(
