@@ -337,13 +337,10 @@ class ModelHost(Lifecycle):
             "%s: switched to the tuned profile in %.1f s, between batches: %s",
             spec.name, time.monotonic() - started, choice.why,
         )  # fmt: skip
-        # The old runtime was frozen out of the collector's sight with the rest of the
-        # load (see _load_and_run): one full pass frees it.
-        freeing = time.monotonic()
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
-        log.info("%s: old runtime freed in %.2f s", spec.name, time.monotonic() - freeing)
+        # The old runtime is freed by reference counting as the switch lets go of it, no
+        # collector pass needed (its torch parameters were, in a check); a full pass over
+        # the frozen load would pause the event loop instead (0.68 s, a served request's
+        # answer held, on a loaded 2-core Xeon).
 
 
 def as_choice(
