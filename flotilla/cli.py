@@ -328,8 +328,8 @@ def tune(
     write: Annotated[
         bool,
         typer.Option(
-            help="Write the chosen profiles into --tuned-file (the package's file) and this "
-            "machine's cache (<model-cache-dir>/tuned/profiles.yaml)."
+            help="Write the chosen profiles into --tuned-file (the package's file) and into "
+            "this machine's cache of tuned profiles (under --model-cache-dir)."
         ),
     ] = True,
     out: Annotated[
