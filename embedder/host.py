@@ -6,6 +6,14 @@ wait for a large one behind it. The host knows task kinds only through the regis
 (``embedder.tasks.registry``): each model's kind loads it and names the engine it runs
 in, one engine per name on this device, all taking turns on the one device
 (``embedder.serving.turns``).
+
+A model whose fleet entry leaves its profile to tuning (``dtype: auto``) is served with,
+in this order: the tuned profile for this device's fingerprint (the shipped file or
+``--tuned-file``); the one a tune on this machine kept (``embedder.tuning.cache``); one
+borrowed from the same CPU with another core count; else the fleet's. With
+``untuned='background'`` a model on the fleet's or a borrowed profile is tuned after all
+models are loaded, one at a time, in a child process (``embedder.tuning.background``),
+and moved to the result between two batches (``Switching``) if it differs.
 """
 
 from __future__ import annotations
@@ -13,21 +21,45 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from embedder.core.adapters import AdapterCatalog
-from embedder.core.device import detect_device, fingerprint
+from embedder.core.device import detect_device, fingerprint, usable_cores
 from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
 from embedder.core.jobs import ModelState
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue import JobPuller
 from embedder.serving.turns import DeviceTurns
-from embedder.tasks.kind import Engine, EngineContext, Loader, TaskKind
+from embedder.tasks.kind import Engine, EngineContext, Loader, Switching, TaskKind
 from embedder.tasks.registry import kind_of
-from embedder.tuned import ProfileChoice, TunedProfiles, profile_for
+from embedder.tuned import (
+    TUNED_FIELDS,
+    ProfileChoice,
+    ProfileSource,
+    TunedEntry,
+    TunedProfiles,
+    profile_for,
+    tunable,
+)
+from embedder.tuning.background import Tuner, in_low_priority_thread, tune_in_child
+from embedder.tuning.cache import identity_of, lookup, read_cache, record
 
 log = logging.getLogger(__name__)
+Untuned = Literal["defaults", "quick", "background"]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalTuning:
+    """Tuning on this machine: the file its results are kept in (``cache_file``), how
+    long a background tune may take, and what runs it (a child process; tests fake it)."""
+
+    cache: Path
+    budget_s: float = 300.0
+    tuner: Tuner = tune_in_child
 
 
 class ModelHost(Lifecycle):
@@ -42,12 +74,15 @@ class ModelHost(Lifecycle):
         loaders: Mapping[str, Loader] | None = None,
         adapters: AdapterCatalog | None = None,
         tuned: TunedProfiles | None = None,
-        untuned: Literal["defaults", "quick"] = "defaults",
+        untuned: Untuned = "background",
         adapter_models: Collection[str] = (),
+        tuning: LocalTuning | None = None,
     ) -> None:
         """``options``: the engines' options, one object per type (the request limits of
         the encoders, the OCR limits); ``loaders``: by task kind, in place of the kind's
-        own (tests and benchmarks load their own runtimes)."""
+        own (tests and benchmarks load their own runtimes); ``tuning``: where this
+        machine's tuned profiles are kept; without it (a host built in code) none is read
+        or written and nothing is tuned in the background."""
         self.fleet = fleet
         # models that must take adapters though none is declared or registered at load
         # (a recipe search registers its trials' as it goes)
@@ -60,12 +95,15 @@ class ModelHost(Lifecycle):
         self.loaders = dict(loaders or {})
         self.tuned = tuned or TunedProfiles()
         self.untuned = untuned
+        self.tuning = tuning
         self.choices: dict[str, ProfileChoice] = {}  # the profile each model runs with, why
         self.engines: dict[str, Engine] = {}  # by engine name
         self.served: dict[str, Engine] = {}  # model -> the engine serving it
         self.failed: dict[str, str] = {}
         self.turns = DeviceTurns()  # the device, shared by the engines
         self._task: asyncio.Task[None] | None = None
+        self._tuning_task: asyncio.Task[None] | None = None
+        self._to_tune: dict[str, ProfileChoice] = {}  # model -> the choice before tuning
 
     # -- ModelStates -----------------------------------------------------
 
@@ -92,8 +130,11 @@ class ModelHost(Lifecycle):
         """The tuned profile for this device when the fleet leaves it open (dtype: auto),
         else the fleet's; with ``untuned='quick'`` an open one with no tuned profile is
         tuned briefly here. Blocking (a quick tune takes seconds): run in a thread."""
-        adapters = spec.name in self.adapter_models or bool(self.adapters.names(spec.name))
-        choice = profile_for(spec, device, fingerprint(device), self.tuned, adapters=adapters)
+        adapters = self._takes_adapters(spec.name)
+        fp = fingerprint(device)
+        choice = profile_for(spec, device, fp, self.tuned, adapters=adapters)
+        if choice.source == "fleet" and tunable(spec, device) is None and self.tuning:
+            choice = self._machine_choice(spec, device, fp, adapters) or choice
         kind = kind_of(spec.task)
         if (
             kind.quick_tune is not None
@@ -104,6 +145,23 @@ class ModelHost(Lifecycle):
             loader = self._loader(kind)
             choice = kind.quick_tune(spec, device, loader, self.threads, choice.fingerprint)
         return choice
+
+    def _takes_adapters(self, model: str) -> bool:
+        return model in self.adapter_models or bool(self.adapters.names(model))
+
+    def _machine_choice(
+        self, spec: ModelSpec, device: DeviceKind, fp: str, adapters: bool
+    ) -> ProfileChoice | None:
+        """This machine's kept profile, or one borrowed from a machine like it."""
+        assert self.tuning is not None
+        cached = read_cache(self.tuning.cache)
+        # The weights digest is computed only where the cache has something to compare.
+        identity = identity_of(spec, self.tuning.cache) if spec.name in cached.models else None
+        found = lookup(spec.name, fp, cached, self.tuned, identity)
+        if found is None:
+            return None
+        entry, why = found.entry, found.why
+        return as_choice(spec, device, fp, found.fingerprint, entry, found.source, why, adapters)
 
     def _loader(self, kind: TaskKind) -> Loader:
         """The kind's own loader, unless the host was given one for it."""
@@ -121,9 +179,12 @@ class ModelHost(Lifecycle):
         # Back in the collector's sight, so what the process leaves is freed as it exits
         # (native bindings report frozen objects as leaks).
         gc.unfreeze()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-        self._task = None
+        for task in (self._task, self._tuning_task):
+            if task is not None and not task.done():
+                task.cancel()
+        if self._tuning_task is not None:  # its child process is killed as it ends
+            await asyncio.gather(self._tuning_task, return_exceptions=True)
+        self._task = self._tuning_task = None
         for engine in self.engines.values():  # stopped, they still say what they loaded
             await engine.stop()
 
@@ -141,12 +202,14 @@ class ModelHost(Lifecycle):
             # backlog (tests/distributed/test_worker_ingest.py) 440 ms without, 142 with.
             gc.collect()
             gc.freeze()
+        if self._to_tune:  # after every model loaded: a tune times nothing else's load
+            self._tuning_task = asyncio.create_task(self._tune_all(device), name="tuning")
 
     async def _load_one(self, spec: ModelSpec, device: DeviceKind) -> None:
         kind = kind_of(spec.task)
         try:
             choice = await asyncio.to_thread(self.choose_profile, spec, device)
-            self.choices[spec.name] = choice
+            self.choices[spec.name] = self._queue_tune(spec, device, choice)
             log.info("%s: %s profile: %s", spec.name, choice.source, choice.why)
             spec = choice.apply(spec, device)
             threads = choice.profile.threads or self.threads
@@ -163,3 +226,143 @@ class ModelHost(Lifecycle):
         await engine.serve(spec, runtime)
         self.served[spec.name] = engine
         log.info("loaded %s on %s: %s", spec.name, device, getattr(runtime, "info", ""))
+
+    # -- tuning in the background ----------------------------------------------
+
+    def _queue_tune(
+        self, spec: ModelSpec, device: DeviceKind, choice: ProfileChoice
+    ) -> ProfileChoice:
+        """The choice as shown while it waits for a background tune, if it gets one."""
+        if not (
+            self.untuned == "background"
+            and self.tuning is not None
+            and kind_of(spec.task).quick_tune is not None
+            and choice.source in ("fleet", "borrowed")
+            and tunable(spec, device) is None
+        ):
+            return choice
+        self._to_tune[spec.name] = choice
+        if choice.source == "borrowed":
+            return replace(choice, why=f"{choice.why}; a tune here confirms or replaces it")
+        return replace(choice, source="tuning", why=f"{choice.why} while a tune runs")
+
+    async def _tune_all(self, device: DeviceKind) -> None:
+        """One model at a time: two tunes at once would time each other."""
+        for name, before in list(self._to_tune.items()):
+            if name in self.served:
+                await self._tune(self.fleet.models[name], device, before)
+        self._to_tune.clear()
+
+    async def _tune(self, spec: ModelSpec, device: DeviceKind, before: ProfileChoice) -> None:
+        assert self.tuning is not None
+        budget = self.tuning.budget_s
+        log.info(
+            "%s: tuning in the background, at most %.0f s (--tune-budget-s)", spec.name, budget
+        )
+        started = time.monotonic()
+        try:
+            entry = await self.tuning.tuner(spec, device, self.threads, budget)
+        except Exception:  # a failed tune leaves the model as it serves
+            log.exception("%s: the background tune failed", spec.name)
+            entry = None
+        took = time.monotonic() - started
+        if entry is None:
+            self.choices[spec.name] = before
+            log.info("%s: tune done in %.0f s, nothing changes: %s", spec.name, took, before.why)
+            return
+        await asyncio.to_thread(self._keep, spec, before.fingerprint, entry)
+        why = f"tuned on this machine in the background in {took:.0f} s"
+        adapters = self._takes_adapters(spec.name)
+        fp = before.fingerprint
+        choice = as_choice(spec, device, fp, fp, entry, "cached", why, adapters)
+        if choice is None:
+            self.choices[spec.name] = before
+            log.info(
+                "%s: the tuned runtime cannot take its adapters: it keeps %s", spec.name, before.why
+            )
+        elif self._same(choice, before):
+            self.choices[spec.name] = choice
+            log.info(
+                "%s: tune done in %.0f s; it confirms the profile served: %s",
+                spec.name,
+                took,
+                choice.why,
+            )
+        else:
+            await self._switch(spec, device, choice, before)
+
+    def _keep(self, spec: ModelSpec, fp: str, entry: TunedEntry) -> None:
+        assert self.tuning is not None
+        try:
+            record(self.tuning.cache, spec.name, fp, entry, identity_of(spec, self.tuning.cache))
+        except Exception:  # serving goes on; the next start tunes again
+            log.exception(
+                "%s: keeping the tuned profile in %s failed", spec.name, self.tuning.cache
+            )
+        else:
+            log.info("%s: tuned profile kept in %s", spec.name, self.tuning.cache)
+
+    def _same(self, choice: ProfileChoice, before: ProfileChoice) -> bool:
+        def fields(c: ProfileChoice) -> dict[str, object]:
+            got = c.profile.model_dump(include=set(TUNED_FIELDS))
+            got["threads"] = got.get("threads") or self.threads or usable_cores()
+            return got
+
+        return fields(choice) == fields(before)
+
+    async def _switch(
+        self, spec: ModelSpec, device: DeviceKind, choice: ProfileChoice, before: ProfileChoice
+    ) -> None:
+        """Load the tuned runtime beside the serving one (a low-priority thread), move the
+        model to it between two batches, then free the old one."""
+        engine = self.served.get(spec.name)
+        if not isinstance(engine, Switching):
+            self.choices[spec.name] = before
+            log.info("%s: its engine cannot switch runtimes; it keeps its profile", spec.name)
+            return
+        tuned = choice.apply(spec, device)
+        threads = choice.profile.threads or self.threads
+        started = time.monotonic()
+        try:
+            runtime = await in_low_priority_thread(
+                self._loader(kind_of(spec.task)), tuned, device, threads
+            )
+            await engine.switch(tuned, runtime)
+        except Exception:  # the old runtime still serves
+            self.choices[spec.name] = before
+            log.exception("%s: switching to the tuned profile failed; it keeps its own", spec.name)
+            return
+        self.choices[spec.name] = choice
+        log.info(
+            "%s: switched to the tuned profile in %.1f s, between batches: %s",
+            spec.name, time.monotonic() - started, choice.why,
+        )  # fmt: skip
+        # The old runtime is freed by reference counting as the switch lets go of it, no
+        # collector pass needed (its torch parameters were, in a check); a full pass over
+        # the frozen load would pause the event loop instead (0.68 s, a served request's
+        # answer held, on a loaded 2-core Xeon).
+
+
+def as_choice(
+    spec: ModelSpec,
+    device: DeviceKind,
+    fp: str,
+    tuned_on: str,
+    entry: TunedEntry,
+    source: ProfileSource,
+    why: str,
+    adapters: bool,
+) -> ProfileChoice | None:
+    """``entry`` (tuned on ``tuned_on``) as this device's choice, labelled ``source``;
+    None when neither its runtime nor its runner-up can take the adapters the model
+    serves (``profile_for`` decides, as for the shipped profiles)."""
+    chosen = profile_for(
+        spec,
+        device,
+        tuned_on,
+        TunedProfiles().with_entry(spec.name, tuned_on, entry),
+        adapters=adapters,
+    )
+    if chosen.source != "tuned":
+        return None
+    return replace(chosen, source=source, fingerprint=fp, why=f"{why}; {chosen.why}")

@@ -38,7 +38,9 @@ HEADER = (
     "# entry with `dtype: auto` on that device is served with them.\n"
 )
 _S = TypeVar("_S", bound=ModelSpec)
-ProfileSource = Literal["tuned", "fleet", "quick"]
+# tuned: the shipped file (or --tuned-file); cached: a tune on this machine; borrowed:
+# tuned on the same CPU with another core count; tuning: the fleet's, a tune running.
+ProfileSource = Literal["tuned", "fleet", "quick", "cached", "borrowed", "tuning"]
 
 
 class Measured(BaseModel):

@@ -319,11 +319,18 @@ def tune(
     ] = None,
     quick: Annotated[
         bool,
-        typer.Option("--quick", help="Runtime x precision only, on fewer texts (seconds)."),
+        typer.Option(
+            "--quick",
+            help="The background tune's search: runtime x precision, two pass shapes, two "
+            "batch budgets, on fewer texts (a minute or two).",
+        ),
     ] = False,
     write: Annotated[
         bool,
-        typer.Option(help="Write the chosen profiles into --tuned-file (the package's file)."),
+        typer.Option(
+            help="Write the chosen profiles into --tuned-file (the package's file) and into "
+            "this machine's cache of tuned profiles (under --model-cache-dir)."
+        ),
     ] = True,
     out: Annotated[
         Path | None,

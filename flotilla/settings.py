@@ -72,11 +72,22 @@ class Settings(BaseSettings):
         "says dtype: auto runs with the one tuned for this device's fingerprint. The file "
         "shipped in the package when unset.",
     )
-    untuned: Literal["defaults", "quick"] = Field(
-        default="defaults",
+    untuned: Literal["defaults", "quick", "background"] = Field(
+        default="background",
         description="What a dtype: auto model gets on a device with no tuned profile: "
-        "'defaults', the fleet's profile (fp32 or bf16 autocast, timed at load); 'quick', a "
-        "short tune at load (runtime x precision on English text, seconds per model).",
+        "'background', served at once on the fleet's profile (or one tuned on the same CPU "
+        "with another core count) while a tune runs in a low-priority process, then moved to "
+        "its result between batches and the result kept for the next start (in "
+        "<model-cache-dir>/tuned/profiles.yaml); 'quick', the same tune before the model "
+        "reports ready (seconds to minutes per model); 'defaults', the fleet's profile, "
+        "never tuned.",
+    )
+    tune_budget_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Longest a background tune of one model may take; past it the best "
+        "profile measured so far is used, or nothing changes. Lower settles sooner, higher "
+        "tries every candidate on a slow or busy machine.",
     )
     calibration_dir: Path | None = Field(
         default=None,
@@ -329,7 +340,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Server": ("host", "port", "worker_port", "log_level"),
     # auto_truncate is how the models take over-long inputs, from requests or ingest alike.
     "Models": ("fleet", "device", "threads", "auto_truncate"),
-    "Tuning": ("tuned_file", "untuned", "calibration_dir"),
+    "Tuning": ("tuned_file", "untuned", "tune_budget_s", "calibration_dir"),
     "Directories": ("model_cache_dir", "data_dir", "adapters_dir"),
     "Requests": (
         "api_keys",

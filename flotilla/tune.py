@@ -29,6 +29,7 @@ from embedder.tasks.embed.runtimes import load_runtime
 from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tasks.registry import kind_of
 from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned
+from embedder.tuning.cache import cache_file, identity_of, record
 from embedder.tuning.candidates import Plan, plan_for
 from embedder.tuning.corpus import TextSection, english_sections, mixed_lengths, paragraphs_of
 from embedder.tuning.measure import Workload
@@ -331,6 +332,15 @@ def sized(plan: Plan, texts: int | None, repeats: int | None) -> Plan:
     return dataclasses.replace(plan, texts=texts or plan.texts, repeats=repeats or plan.repeats)
 
 
+def keep_on_this_machine(settings: Settings, spec: EncoderSpec, fp: str, made: TunedEntry) -> Path:
+    """The same entry in this machine's cache, which `flotilla serve` reads where the
+    tuned file has none: a tune and a restart give the tuned profile, whichever file
+    --tuned-file names."""
+    path = cache_file(settings.model_cache_dir)
+    record(path, spec.name, fp, made, identity_of(spec, path))
+    return path
+
+
 def tune(
     settings: Settings,
     models: Sequence[str],
@@ -379,4 +389,6 @@ def tune(
         if write:
             tuned = tuned.with_entry(spec.name, to.fingerprint, made)
             console.print(f"{spec.name}: tuned profile written to {save_tuned(tuned, target)}")
+            kept = keep_on_this_machine(settings, spec, to.fingerprint, made)
+            console.print(f"{spec.name}: and kept for this machine in {kept}")
     return outcomes

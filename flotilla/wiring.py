@@ -24,7 +24,7 @@ from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import ModelNotFound
 from embedder.core.fleet import Fleet
 from embedder.core.jobs import Task, split_model
-from embedder.host import ModelHost
+from embedder.host import LocalTuning, ModelHost
 from embedder.queue import JobPuller
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.engine import LoadedEncoders
@@ -32,6 +32,7 @@ from embedder.tasks.fleet import load_fleet
 from embedder.tasks.kind import Loader
 from embedder.tasks.registry import encoder_loaders
 from embedder.tuned import load_tuned
+from embedder.tuning.cache import cache_file
 from flotilla import __version__
 from flotilla.http_server import server_config
 from flotilla.logs import quiet_repeats
@@ -176,7 +177,14 @@ def model_host(
         tuned=load_tuned(settings.tuned_file),
         untuned=settings.untuned,
         adapter_models=adapter_models,
+        # A loader of its own (the emulated runtime, a test's) is not what a tune times.
+        tuning=local_tuning(settings) if loader is None else None,
     )
+
+
+def local_tuning(settings: Settings) -> LocalTuning:
+    """Where this machine's tuned profiles are kept, and the background tune's budget."""
+    return LocalTuning(cache_file(settings.model_cache_dir), settings.tune_budget_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,6 +154,12 @@ class ResidentAdapters:
     def names(self) -> list[str]:
         return list(self._resident)
 
+    @property
+    def folders(self) -> dict[str, Path]:
+        """The resident adapters and their folders, least recently used first: what a
+        runtime replacing this one loads before it serves."""
+        return dict(self._resident)
+
     def ensure(self, wanted: Mapping[str, Path]) -> dict[str, FlotillaError]:
         """Make every wanted adapter resident; returns the ones that failed to load.
         A batch may need more adapters than the cap: they all stay until the next."""

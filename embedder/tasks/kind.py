@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.fleet import DeviceKind, ModelSpec
@@ -48,6 +48,15 @@ class Engine(Protocol):
         """Stop; every job taken and not answered is failed, so no request hangs."""
 
 
+@runtime_checkable
+class Switching(Protocol):
+    """An engine that can move a model it serves to another runtime between batches."""
+
+    async def switch(self, spec: ModelSpec, runtime: Any) -> None:
+        """Serve ``spec`` with ``runtime`` from the next batch on; no request fails or
+        waits for it."""
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """What an engine is made with: the queue it pulls from, the device's turns it shares
@@ -79,7 +88,8 @@ class TaskKind:
     # embedding model's vectors); the kind's own first, the default when a request names
     # no model.
     answered_by: tuple[str, ...] = ()
-    # `--untuned quick`: a brief tune at load for a model with no tuned profile
+    # `--untuned quick`: a brief tune at load for a model with no tuned profile; a kind
+    # that has one is also tuned in the background (`--untuned background`)
     quick_tune: QuickTune | None = None
 
     @property

@@ -75,10 +75,19 @@ class Plan:
     # Within this share of the fastest, the smaller batch budget and fewer threads win:
     # they cost latency and cores, and such a gap is within a shared machine's noise.
     tie: float = 0.03
-    quick: bool = False  # the first stage only: what a load-time tune does
+    quick: bool = False  # no threads stage: the tune at load or in the background
 
 
-QUICK = Plan(texts=64, repeats=2, finalists=1, quick=True)
+# Seconds to minutes: the best precision, then two pass shapes and two batch budgets
+# around the fleet's own (threads stay what serving runs with).
+QUICK = Plan(
+    texts=64,
+    repeats=2,
+    finalists=1,
+    shapes=((1024, 16), (2048, 64)),
+    batch_tokens=(4096, 8192),
+    quick=True,
+)
 # A GPU runs passes of tens of thousands of tokens in milliseconds: its shapes and batch
 # budgets reach far past a CPU's, and it needs more texts to fill its largest budget
 # several times over. torch attends with flash-attn when installed, else SDPA.
@@ -89,7 +98,13 @@ CUDA = Plan(
 )
 # QUICK's budget over the GPU's search space, on enough texts to fill its passes.
 CUDA_QUICK = replace(
-    CUDA, texts=512, repeats=QUICK.repeats, finalists=QUICK.finalists, quick=QUICK.quick
+    CUDA,
+    texts=512,
+    repeats=QUICK.repeats,
+    finalists=QUICK.finalists,
+    shapes=((8192, 128), (32768, 512)),
+    batch_tokens=(32768, 65536),
+    quick=QUICK.quick,
 )
 PLANS: dict[DeviceKind, tuple[Plan, Plan]] = {"cpu": (Plan(), QUICK), "cuda": (CUDA, CUDA_QUICK)}
 

@@ -1,5 +1,6 @@
-"""The load-time tune (``--untuned quick``): runtime x precision at the fleet's shape on
-a few English calibration texts, seconds per model, for a device with no tuned profile.
+"""The load-time tune (``--untuned quick``): runtime x precision at the fleet's shape, then
+two pass shapes and two batch budgets (``QUICK``) on a few English calibration texts, for a
+device with no tuned profile.
 No retrieval check runs at load, so int8 candidates are refused here; `flotilla tune`
 can admit them."""
 
@@ -27,12 +28,10 @@ def quick_choice(
     ).run()
     chosen = outcome.chosen
     fleet = spec.profile(device)
-    profile = fleet.model_copy(
-        update={"runtime": chosen.candidate.runtime, "dtype": chosen.candidate.dtype}
-    )
+    profile = fleet.model_copy(update=chosen.candidate.fields())
     why = (
-        f"no tuned profile for {fingerprint}; quick tune at load: {chosen.candidate.runtime}/"
-        f"{chosen.candidate.dtype} {chosen.tokens_per_s or 0:,.0f} tok/s "
+        f"no tuned profile for {fingerprint}; quick tune at load: {chosen.candidate.label} "
+        f"{chosen.tokens_per_s or 0:,.0f} tok/s "
         f"(fp32 {outcome.reference.tokens_per_s or 0:,.0f}), worst cosine "
         f"{chosen.verdict.worst_cosine if chosen.verdict else float('nan'):.5f}"
     )

@@ -263,25 +263,26 @@ class Search:
         if reference.error is not None:
             raise TuneError(f"the torch fp32 reference failed: {reference.error}")
         ranked = sorted((t for t in stage1 if t.passed), key=lambda t: -(t.tokens_per_s or 0))
-        chosen, fp32 = self._best(stage1), reference
-        if not self.plan.quick:
-            shaped = []
-            for t in ranked[: self.plan.finalists]:
-                c = t.candidate
-                shapes = [
-                    c.but(forward_tokens=ft, forward_max_sequences=fs)
-                    for ft, fs in self.plan.shapes
-                ]
-                stage = self._stage(f"pass shape, {c.runtime}/{c.dtype}", [c, *shapes])
-                shaped.append(self._best(stage))
-            budgets = [
-                t.candidate.but(max_batch_tokens=m)
-                for t in shaped
-                for m in sorted({*self.plan.batch_tokens, t.candidate.max_batch_tokens})
-                # A budget far below a pass only cuts passes short; the shape's own stays.
-                if m >= t.candidate.forward_tokens // 2 or m == t.candidate.max_batch_tokens
+        self._best(stage1)  # raises when nothing passed
+        fp32 = reference
+        shaped = []
+        for t in ranked[: self.plan.finalists]:
+            c = t.candidate
+            shapes = [
+                c.but(forward_tokens=ft, forward_max_sequences=fs) for ft, fs in self.plan.shapes
             ]
-            winner = self._best(self._stage("batch budget", budgets), lambda c: c.max_batch_tokens)
+            stage = self._stage(f"pass shape, {c.runtime}/{c.dtype}", [c, *shapes])
+            shaped.append(self._best(stage))
+        budgets = [
+            t.candidate.but(max_batch_tokens=m)
+            for t in shaped
+            for m in sorted({*self.plan.batch_tokens, t.candidate.max_batch_tokens})
+            # A budget far below a pass only cuts passes short; the shape's own stays.
+            if m >= t.candidate.forward_tokens // 2 or m == t.candidate.max_batch_tokens
+        ]
+        winner = self._best(self._stage("batch budget", budgets), lambda c: c.max_batch_tokens)
+        chosen = winner
+        if not self.plan.quick:
             counts = thread_counts(self.plan, self.cores)
             threads = [winner.candidate.but(threads=n) for n in counts]
             # fp32 again, in the same rounds: the speed-up recorded is against this timing,

@@ -19,6 +19,7 @@ from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.fleet import load_fleet
 from embedder.tuned import load_tuned
+from embedder.tuning.cache import cache_file, read_cache
 from embedder.tuning.quiet import Quiet
 from flotilla.cli import app
 from flotilla.settings import Settings
@@ -62,6 +63,7 @@ async def test_tune_writes_a_profile_that_the_served_host_then_picks(
     tuned_file, results = tmp_path / "tuned.yaml", tmp_path / "results"
     args = ["tune", "tiny", "--fleet", str(fleet_file), "--device", "cpu"]
     args += ["--tuned-file", str(tuned_file), "--results", str(results)]
+    args += ["--model-cache-dir", str(tmp_path / "cache")]
     with hub_offline():
         done = CliRunner().invoke(app, [*args, "--texts", "8", "--repeats", "1"])
     assert done.exit_code == 0, done.output
@@ -77,6 +79,9 @@ async def test_tune_writes_a_profile_that_the_served_host_then_picks(
     assert report["fingerprint"] == fp
     assert {t["stage"] for t in report["trials"]} >= {"runtime x precision", "threads"}
     assert "chosen" in done.output
+    # Kept for this machine too, with what it was measured with.
+    kept = read_cache(cache_file(tmp_path / "cache")).models["tiny"][fp]
+    assert kept.profile == entry.profile and kept.weights
 
     settings = Settings(fleet=fleet_file, device="cpu", tuned_file=tuned_file)
     fleet = load_fleet(fleet_file)

@@ -154,6 +154,10 @@ class Pace:
     def timed_device(self, model: str, seconds: float, tokens: int) -> None:
         self.fits.setdefault(model, DeviceFit()).add(seconds, tokens)
 
+    def forget(self, model: str) -> None:
+        """Learn ``model``'s cost afresh: it runs on another runtime from now on."""
+        self.fits.pop(model, None)
+
     def timed_prepare(self, seconds: float, tokens: int) -> None:
         if tokens <= 0:
             return
@@ -219,10 +223,13 @@ class Handoff:
 
 @dataclass
 class _Staged:
-    """A batch on its way: the jobs, then what the host made of them."""
+    """A batch on its way: the jobs, then what the host made of them, and with which
+    model: the batch runs on that one to the end, even when the worker has since moved
+    the model to another runtime (``Worker.replace_model``)."""
 
     jobs: Batch
     prepared: Prepared | None = None
+    model: LoadedModel | None = None
 
 
 class Pipeline:
@@ -255,14 +262,23 @@ class Pipeline:
         self._host = OneThread("host")
         self._device = OneThread("device")
         self._ahead: _Staged | None = None  # taken (maybe prepared) while the device ran
+        self._current: _Staged | None = None  # being prepared or on the device
         self._running: Batch = ()  # being prepared, on the device, or waiting to finish
         self._finishing: Batch = ()  # being encoded and delivered
+        self._finishing_model: LoadedModel | None = None
         self._finisher: asyncio.Task[None] | None = None
         self._busy_until = -math.inf  # (clock) when the running batch should leave the device
 
     def held(self) -> list[Job]:
         ahead = self._ahead.jobs if self._ahead is not None else ()
         return [*self._finishing, *self._running, *ahead, *self._parked]
+
+    def holds(self, model: LoadedModel) -> bool:
+        """Whether a batch prepared with ``model`` is still on its way through."""
+        staged = (self._ahead, self._current)
+        return self._finishing_model is model or any(
+            s is not None and s.model is model for s in staged
+        )
 
     def free_at(self, now: float) -> float:
         """When (clock) the device should be done with the batches it has taken: the
@@ -282,7 +298,8 @@ class Pipeline:
             self._finisher.cancel()
         for task in self._parking:
             task.cancel()
-        self._ahead, self._running, self._finishing, self._parked = None, (), (), []
+        self._ahead, self._current, self._running, self._finishing = None, None, (), ()
+        self._finishing_model, self._parked = None, []
         self._host.close()
         self._device.close()
 
@@ -291,12 +308,13 @@ class Pipeline:
         try:
             while True:
                 staged, self._ahead = self._ahead or _Staged(await ready.take()), None
-                self._running = staged.jobs
+                self._running, self._current = staged.jobs, staged
                 self._busy_until = self.clock() + self._expected_s(staged.jobs)
                 prepared = await self._prepared(staged)
-                if prepared is None:
+                if prepared is None or staged.model is None:
+                    self._current = None
                     continue
-                model = self.models[staged.jobs[0].model]
+                model = staged.model
                 started, now = time.perf_counter(), self.clock()
                 running = [job for job, _, _ in prepared.items]
                 self._busy_until = now + self._expected_s(running)
@@ -365,7 +383,7 @@ class Pipeline:
             live = self._live(staged.jobs)
             if not live:
                 return None
-            prepared = await self._prepare(live)
+            prepared = await self._prepare(live, staged)
         withdrawn = self.queue.cancelled(job.id for job, _, _ in prepared.items)
         prepared = prepared.without(withdrawn)
         if not prepared.items and not prepared.failed:
@@ -376,8 +394,8 @@ class Pipeline:
         withdrawn = self.queue.cancelled(job.id for job in jobs)
         return tuple(job for job in jobs if job.id not in withdrawn)
 
-    async def _prepare(self, jobs: Batch) -> Prepared:
-        model = self.models[jobs[0].model]
+    async def _prepare(self, jobs: Batch, staged: _Staged) -> Prepared:
+        model = staged.model = self.models[jobs[0].model]
         start = time.perf_counter()
         try:
             prepared = await self._host.call(prepare_batch, jobs, model, self.request_limits)
@@ -415,7 +433,7 @@ class Pipeline:
         live = self._live(getter.result())
         staged = self._ahead = _Staged(live)
         if live and lead is not None:  # untimed, it waits its turn unprepared
-            staged.prepared = await self._prepare(live)
+            staged.prepared = await self._prepare(live, staged)
 
     async def _finish_later(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:
         """Encode and deliver this batch on the host thread while the device moves on;
@@ -424,6 +442,7 @@ class Pipeline:
             await self._finisher
         jobs = self._running
         self._finishing, self._running = jobs, ()
+        self._finishing_model, self._current = model, None
         self._finisher = asyncio.create_task(self._finish(model, forwarded, now))
 
     async def _finish(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:
@@ -437,7 +456,7 @@ class Pipeline:
                 [*forwarded.prepared.failed, *((job, error) for job in jobs)], 0, 0.0
             )
         await self._deliver(model, report)
-        self._finishing = ()
+        self._finishing, self._finishing_model = (), None
 
     async def _deliver(self, model: LoadedModel, report: BatchReport) -> None:
         name = model.spec.name

@@ -130,6 +130,22 @@ class Worker(Lifecycle):
         self.models[name] = model
         self._set_limits(name, model.limits)
 
+    def replace_model(self, model: LoadedModel) -> LoadedModel:
+        """Serve ``model`` (already loaded under the same name, on another runtime) from
+        the next batch on, and return the one it replaces. Batches already prepared with
+        the old one run on it to the end (``holds``), so nothing fails and nothing waits:
+        the switch happens between batches."""
+        name = model.spec.name
+        old = self.models[name]
+        self.models[name] = model  # the pipeline reads this dict as it prepares each batch
+        self._pipeline.pace.forget(name)  # the new runtime's cost is its own
+        self._set_limits(name, model.limits)
+        return old
+
+    def holds(self, model: LoadedModel) -> bool:
+        """Whether a batch prepared with ``model`` has yet to be delivered."""
+        return self._pipeline.holds(model)
+
     # -- adaptive wait and budget -------------------------------------------
 
     def _set_limits(self, name: str, limits: BatchLimits) -> None:
