@@ -310,6 +310,19 @@ def import_(
 VERIFY_MIN_COSINE = 0.999
 
 
+def _check_calibration(calibration: str, laws: Path | None) -> None:
+    """`tune --calibration` against --calibration-dir: a bad pair is a usage error."""
+    if calibration not in ("auto", "english", "gesetze"):
+        raise typer.BadParameter("auto, english or gesetze", param_hint="'--calibration'")
+    if calibration == "gesetze" and laws is None:
+        raise typer.BadParameter(
+            "--calibration gesetze reads German laws: give their folder",
+            param_hint="'--calibration-dir' / FLOTILLA_CALIBRATION_DIR",
+        )
+    if laws is not None and not laws.is_dir():
+        raise typer.BadParameter(f"{laws} is not a folder", param_hint="'--calibration-dir'")
+
+
 @app.command()
 @settings_flags(TUNE)
 def tune(
@@ -371,16 +384,7 @@ def tune(
     from flotilla.tune import tune as run
     from flotilla.wiring import configure_logging
 
-    if calibration not in ("auto", "english", "gesetze"):
-        raise typer.BadParameter("auto, english or gesetze", param_hint="'--calibration'")
-    laws = settings.calibration_dir
-    if calibration == "gesetze" and laws is None:
-        raise typer.BadParameter(
-            "--calibration gesetze reads German laws: give their folder",
-            param_hint="'--calibration-dir' / FLOTILLA_CALIBRATION_DIR",
-        )
-    if laws is not None and not laws.is_dir():
-        raise typer.BadParameter(f"{laws} is not a folder", param_hint="'--calibration-dir'")
+    _check_calibration(calibration, settings.calibration_dir)
     configure_logging(settings)
     try:
         run(

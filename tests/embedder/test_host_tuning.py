@@ -166,7 +166,7 @@ async def test_a_profile_from_the_same_cpu_with_more_cores_is_borrowed_then_conf
 async def test_a_tuned_runtime_that_cannot_take_the_models_adapters_is_not_switched_to(
     fleet: Fleet, tmp_path: Path
 ) -> None:
-    tuner = FakeTuner(tuned_entry({**TUNED, "runtime": "onnx", "dtype": "float32"}))
+    tuner = FakeTuner(tuned_entry({**TUNED, "runtime": "emulated", "dtype": "float32"}))
     tuner.release.set()
     host, loader = host_for(fleet, tuner, tmp_path / "profiles.yaml", adapter_models=["open"])
     async with host:
