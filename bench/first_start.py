@@ -54,6 +54,7 @@ class Window:
     level: Level
     source: str
     runtime: str
+    why: str
 
     def row(self) -> dict[str, Any]:
         return {
@@ -64,6 +65,7 @@ class Window:
             "p99_ms": report.percentile([s * 1e3 for s in self.level.latencies_s], 99),
             "source": self.source,
             "runtime": self.runtime,
+            "why": self.why,
         }
 
 
@@ -72,6 +74,7 @@ class Paired:
     first: list[float] = field(default_factory=list)  # tokens/s per round
     tuned: list[float] = field(default_factory=list)
     errors: int = 0
+    profiles: list[dict[str, str]] = field(default_factory=list)  # first start, full tune
 
     def ratio(self) -> float:
         return statistics.median(a / b for a, b in zip(self.first, self.tuned, strict=True))
@@ -115,13 +118,17 @@ def _cpu_set(cpus: str) -> set[int]:
     return out
 
 
-async def _profile(session: aiohttp.ClientSession, port: int, model: str) -> tuple[str, str]:
-    """The model's profile source and runtime, as /v1/models says."""
+async def _profile(session: aiohttp.ClientSession, port: int, model: str) -> dict[str, str]:
+    """The model's profile source, why, and runtime, as /v1/models says."""
     async with session.get(f"http://{HOST}:{port}/v1/models") as response:
         data = (await response.json())["data"]
     entry = next(m for m in data if m["id"] == model)
     profile = entry.get("profile") or {}
-    return str(profile.get("source", "?")), str(entry.get("dtype", "?"))
+    return {
+        "source": str(profile.get("source", "?")),
+        "why": str(profile.get("why", "")),
+        "runtime": str(entry.get("dtype", "?")),
+    }
 
 
 async def _windows(port: int, args: argparse.Namespace, plan: Plan, t0: float) -> list[Window]:
@@ -134,10 +141,11 @@ async def _windows(port: int, args: argparse.Namespace, plan: Plan, t0: float) -
             level = Level(concurrency=args.concurrency)
             offset = sum(w.level.sent for w in out)
             await run_level(session, url, plan, level, args.window_s, 10**6, offset)
-            source, runtime = await _profile(session, port, args.model)
-            out.append(Window(time.perf_counter() - t0, level, source, runtime))
+            seen = await _profile(session, port, args.model)
+            at = time.perf_counter() - t0
+            out.append(Window(at, level, seen["source"], seen["runtime"], seen["why"]))
             print(_window_line(out[-1]))
-            if source in SETTLED and settled_at is None:
+            if seen["source"] in SETTLED and settled_at is None:
                 settled_at = out[-1].at_s
             elif settled_at is not None:
                 break
@@ -161,6 +169,7 @@ async def _paired(ports: tuple[int, int], args: argparse.Namespace, plan: Plan) 
     """Rounds of load on each server in turn, the order alternating each round."""
     paired = Paired()
     async with _session(args.concurrency) as session:
+        paired.profiles = [await _profile(session, port, args.model) for port in ports]
         for r in range(args.rounds):
             order = (0, 1) if r % 2 == 0 else (1, 0)
             rates: dict[int, float] = {}
@@ -209,6 +218,7 @@ def _serve(
         "cpu",
         env,
         prefix=_prefix(args.cpus),
+        log_level="info",
     )
 
 
@@ -223,7 +233,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     first_env = {
         "FLOTILLA_TUNED_FILE": str(empty),
         "FLOTILLA_MODEL_CACHE_DIR": str(work / "cache"),
-        "FLOTILLA_LOG_LEVEL": "info",
     }
     corpus = texts.build(args.n_texts, args.seed)
     plan = plan_requests(corpus, spec.name, spec.max_tokens, 20000, args.seed, "base64")
@@ -238,9 +247,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         result["windows"] = [w.row() for w in windows]
         tuned = work / "full-tuned.yaml"
         print("flotilla tune (the full search), the first server idle beside it")
-        tune_env = {**os.environ, **first_env, "FLOTILLA_TUNED_FILE": str(tuned)}
-        result["full_tune_s"] = _tune(args, tune_env, fleet, tuned)
-        tuned_env = {**first_env, "FLOTILLA_TUNED_FILE": str(tuned)}
+        # Its own cache: `flotilla tune` keeps its result there too, and the first start's
+        # restart below must find what the background tune kept.
+        apart = {"FLOTILLA_TUNED_FILE": str(tuned), "FLOTILLA_MODEL_CACHE_DIR": str(work / "c2")}
+        result["full_tune_s"] = _tune(args, {**os.environ, **apart}, fleet, tuned)
+        tuned_env = {**first_env, **apart}
         with _serve(ports[1], args, work / "tuned.log", fleet, tuned_env):
             print("paired: the first start against `flotilla tune` + restart")
             paired = asyncio.run(_paired(ports, args, plan))
@@ -249,6 +260,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "full_tune_tokens_per_s": paired.tuned,
         "errors": paired.errors,
         "ratio_median": paired.ratio(),
+        "profiles": paired.profiles,
     }
     result["second_start"] = _second_start(args, work, fleet, first_env)
     return result
@@ -263,13 +275,13 @@ def _second_start(
     with _serve(port, args, work / "second.log", fleet, env):
         ready_s = time.perf_counter() - t0
 
-        async def profile() -> tuple[str, str]:
+        async def profile() -> dict[str, str]:
             async with _session(1) as session:
                 return await _profile(session, port, args.model)
 
-        source, runtime = asyncio.run(profile())
-    print(f"second start: ready after {ready_s:.1f} s, profile {source}: {runtime}")
-    return {"ready_s": ready_s, "source": source, "runtime": runtime}
+        seen = asyncio.run(profile())
+    print(f"second start: ready after {ready_s:.1f} s, profile {seen['source']}: {seen['why']}")
+    return {"ready_s": ready_s, **seen}
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -312,6 +324,8 @@ def _summary(result: dict[str, Any]) -> None:
         f"  against `flotilla tune` + restart ({result['full_tune_s']:.0f} s of tuning): "
         f"{paired['ratio_median']:.2f}x, median of {len(paired['first_tokens_per_s'])} rounds"
     )
+    for name, seen in zip(("first start", "full tune"), paired["profiles"], strict=False):
+        print(f"    {name}: {seen['why']}")
     second = result["second_start"]
     print(f"  second start: ready after {second['ready_s']:.1f} s on {second['source']}")
 

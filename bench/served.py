@@ -160,6 +160,7 @@ def server(
     device: str = "auto",
     settings: Mapping[str, str] | None = None,
     prefix: Sequence[str] = (),
+    log_level: str = "warning",
 ) -> Iterator[int]:
     """``flotilla serve`` in a subprocess, with ``settings`` (``FLOTILLA_*`` variables)
     beside the benchmarks' own, after ``prefix`` (``taskset -c 0``, say); yields its pid
@@ -183,7 +184,7 @@ def server(
         "--threads",
         str(threads),
         "--log-level",
-        "warning",
+        log_level,
         "--device",
         device,
         *(["--fleet", str(fleet)] if fleet is not None else []),
