@@ -59,7 +59,7 @@ def set_help_width() -> None:
 # wiring.configured_fleet() and wiring.model_host(): the fleet, its device and threads.
 MODELS = frozenset({"fleet", "model_cache_dir", "device", "threads"})
 # wiring.model_host(): the profile each model gets (tuned, or what an untuned device gets).
-PROFILES = frozenset({"tuned_file", "untuned", "tune_budget_s"})
+PROFILES = frozenset({"tuned_file", "untuned", "tune_budget_s", "tune_nice"})
 # flotilla.tune: the models, where tuned profiles go, the laws multilingual models calibrate on.
 TUNE = MODELS | {"tuned_file", "calibration_dir", "log_level"}
 # wiring.adapter_catalog(): Settings.adapters_root, where adapters are found or registered.

@@ -89,6 +89,15 @@ class Settings(BaseSettings):
         "profile measured so far is used, or nothing changes. Lower settles sooner, higher "
         "tries every candidate on a slow or busy machine.",
     )
+    tune_nice: int = Field(
+        default=5,
+        ge=0,
+        le=19,
+        description="The background tune's CPU priority (a nice value): on a core serving "
+        "keeps busy, 5 gives the tune about a quarter of it, so it ends within its budget "
+        "while serving keeps the rest; 19 leaves it only what serving leaves idle (a "
+        "saturated device then never tunes).",
+    )
     calibration_dir: Path | None = Field(
         default=None,
         description="`flotilla tune`: a folder of German laws (gesetze/*.md format) to "
@@ -340,7 +349,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Server": ("host", "port", "worker_port", "log_level"),
     # auto_truncate is how the models take over-long inputs, from requests or ingest alike.
     "Models": ("fleet", "device", "threads", "auto_truncate"),
-    "Tuning": ("tuned_file", "untuned", "tune_budget_s", "calibration_dir"),
+    "Tuning": ("tuned_file", "untuned", "tune_budget_s", "tune_nice", "calibration_dir"),
     "Directories": ("model_cache_dir", "data_dir", "adapters_dir"),
     "Requests": (
         "api_keys",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Collection, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from embedder.tasks.fleet import load_fleet
 from embedder.tasks.kind import Loader
 from embedder.tasks.registry import encoder_loaders
 from embedder.tuned import load_tuned
+from embedder.tuning.background import tune_in_child
 from embedder.tuning.cache import cache_file
 from flotilla import __version__
 from flotilla.http_server import server_config
@@ -183,8 +185,10 @@ def model_host(
 
 
 def local_tuning(settings: Settings) -> LocalTuning:
-    """Where this machine's tuned profiles are kept, and the background tune's budget."""
-    return LocalTuning(cache_file(settings.model_cache_dir), settings.tune_budget_s)
+    """Where this machine's tuned profiles are kept, and the background tune's budget
+    and priority."""
+    tuner = functools.partial(tune_in_child, nice=settings.tune_nice)
+    return LocalTuning(cache_file(settings.model_cache_dir), settings.tune_budget_s, tuner)
 
 
 @dataclass(frozen=True, slots=True)

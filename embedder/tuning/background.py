@@ -1,6 +1,6 @@
 """The background tune (``--untuned background``): the ``QUICK`` search for one model, run
-in a child process at the lowest CPU priority while the model serves on its safe
-profile, bounded in time.
+in a child process at a low CPU priority (``--tune-nice``) while the model serves on its
+safe profile, bounded in time.
 
 A child process, not a thread of the server: torch's thread count is process-wide and
 each candidate loads with its own, so a tune inside the server would change the threads
@@ -46,7 +46,7 @@ RESULT = "flotilla-tuned: "  # the child's result line on stdout, among whatever
 # Past the budget, what the child may still take to finish the step it is in (a
 # candidate's load or export) before it is killed.
 GRACE_S = 120.0
-LOWEST = 19  # nice value
+LOWEST = 19  # nice value: only what serving leaves idle
 _T = TypeVar("_T")
 
 
@@ -163,10 +163,10 @@ def _so_far(
 def main() -> None:
     """Child: reads {spec, device, threads, budget_s} as JSON on stdin, logs to stderr,
     prints the result line on stdout."""
-    with contextlib.suppress(OSError, AttributeError):  # before torch starts any thread
-        os.setpriority(os.PRIO_PROCESS, 0, LOWEST)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
     asked = json.loads(sys.stdin.read())
+    with contextlib.suppress(OSError, AttributeError):  # before torch starts any thread
+        os.setpriority(os.PRIO_PROCESS, 0, int(asked.get("nice", LOWEST)))
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
     spec = EmbedSpec.model_validate(asked["spec"])
     from embedder.tasks.embed.runtimes import load_runtime
 
@@ -176,10 +176,11 @@ def main() -> None:
 
 
 async def tune_in_child(
-    spec: ModelSpec, device: DeviceKind, threads: int, budget_s: float
+    spec: ModelSpec, device: DeviceKind, threads: int, budget_s: float, *, nice: int = LOWEST
 ) -> TunedEntry | None:
-    """The background tune of ``spec`` in a child process (``main``); its log lines are
-    relayed here. None when it chose nothing, failed or overran its budget."""
+    """The background tune of ``spec`` in a child process (``main``) at CPU priority
+    ``nice``; its log lines are relayed here. None when it chose nothing, failed or
+    overran its budget."""
     if spec.task != Task.EMBED:
         log.info("%s: only embedding models are tuned; it keeps its profile", spec.name)
         return None
@@ -188,6 +189,7 @@ async def tune_in_child(
         "device": device,
         "threads": threads,
         "budget_s": budget_s,
+        "nice": nice,
     }
     child = await asyncio.create_subprocess_exec(
         sys.executable, "-m", __name__,

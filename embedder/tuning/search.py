@@ -254,6 +254,11 @@ class Search:
     def run(self) -> Outcome:
         fleet = Candidate.of(self.spec.profile(self.device), self.threads)
         options = precisions(self.device)
+        if self.labelled is None and any(needs_retrieval_check(d) for _, d in options):
+            # It could not pass the guard: timing it would only spend a tune's budget.
+            log.info("tuning %s: int8 is not timed: it needs a retrieval check, and no "
+                     "labelled set was given", self.spec.name)  # fmt: skip
+            options = [(r, d) for r, d in options if not needs_retrieval_check(d)]
         if REFERENCE not in options:
             raise TuneError("the torch runtime's float32 is the reference and is not registered")
         # The reference first: every other candidate is judged against its outputs.

@@ -49,7 +49,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         {
             *("host", "port", "log_level"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
-            *("tuned_file", "untuned", "tune_budget_s"),
+            *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
             *("max_inputs_per_request", "auto_truncate"),
             *("ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels", "ocr_pdf_dpi"),
             *("ocr_local_roots",),
@@ -84,7 +84,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         {
             *("host", "worker_port", "log_level"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
-            *("tuned_file", "untuned", "tune_budget_s"),
+            *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
             *("max_inputs_per_request", "auto_truncate"),
             *("ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels", "ocr_pdf_dpi"),
             *("ocr_local_roots",),
@@ -105,7 +105,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     ("ingest",): frozenset(
         {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
-            *("tuned_file", "untuned", "tune_budget_s"),
+            *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
             *("auto_truncate", "bytes_per_token", "collection", "ingest_max_text_bytes"),
             *("ingest_model", "chunking", "chunk_max_tokens", "chunk_overlap_tokens"),
             *("ingest_ocr_model", "ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels"),
@@ -122,7 +122,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     ("eval", "retrieval"): frozenset(
         {
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
-            *("tuned_file", "untuned", "tune_budget_s"),
+            *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
             *("bytes_per_token", "collection", "ingest_max_text_bytes", "progress_interval_s"),
             *STORE,
         }
