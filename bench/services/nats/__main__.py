@@ -4,8 +4,8 @@ Ctrl-C, its URL(s) printed."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
+import threading
 
 from bench.services.nats.cluster import NatsCluster
 from bench.services.nats.server import NatsServer
@@ -16,10 +16,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cluster", type=int, default=0, metavar="N", help="N clustered nodes")
     args = parser.parse_args(argv)
     broker = NatsCluster(args.cluster) if args.cluster else NatsServer()
-    # Ctrl-C stops the broker, even while it prints.
-    with broker, contextlib.suppress(KeyboardInterrupt):
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with broker:
         print(broker.urls if isinstance(broker, NatsCluster) else broker.url, flush=True)
-        signal.pause()
+        # Not signal.pause(): a Ctrl-C that lands between the check for signals and the
+        # pause itself is never seen, and the broker runs on. A wait that wakes up does.
+        while not stop.wait(0.5):
+            pass
 
 
 if __name__ == "__main__":

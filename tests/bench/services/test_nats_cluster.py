@@ -118,4 +118,9 @@ def test_the_module_prints_the_cluster_urls() -> None:
             assert all(url.startswith("nats://127.0.0.1:") for url in urls), urls
         finally:
             process.send_signal(signal.SIGINT)
-            assert process.wait(timeout=30) == 0
+            try:
+                code = process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                raise AssertionError("it did not stop within 60 s of Ctrl-C") from None
+            assert code == 0
