@@ -110,30 +110,18 @@ def tune_here(
     """The quick search for this kind of device within ``budget_s``; None when nothing
     passed in time. Unwatched (no quiet checks): beside the server it tunes for, the
     server's own work is the load a background tune is meant to yield to."""
-    from embedder.core.device import usable_cores
-    from embedder.tuning.candidates import plan_for
-    from embedder.tuning.corpus import english_sections, mixed_lengths, paragraphs_of
-    from embedder.tuning.measure import Workload
-    from embedder.tuning.search import Search, TuneError
+    from embedder.tuning.quick import CALIBRATION, quick_search
+    from embedder.tuning.search import TuneError
 
-    plan = plan_for(device, quick=True)
-    texts = mixed_lengths(paragraphs_of(english_sections()), plan.texts)
-    workload = Workload(texts, spec.prompt_prefix(use="document"))
-    cores = usable_cores()
-    progress = LoggedProgress(spec.name, budget_s, clock)
-    search = Search(
-        spec, device, loader, workload, threads=threads or cores, cores=cores, plan=plan,
-        progress=progress,
-    )  # fmt: skip
-    note = "English: Python's language reference topics (pydoc_data.topics)"
+    search = quick_search(spec, device, loader, threads, LoggedProgress(spec.name, budget_s, clock))
     try:
         outcome = search.run()
     except BudgetSpent as spent:
-        return _so_far(spec.name, search.trials, budget_s, str(spent), note)
+        return _so_far(spec.name, search.trials, budget_s, str(spent), CALIBRATION)
     except TuneError as exc:
         log.warning("tuning %s: %s; nothing changes", spec.name, exc)
         return None
-    return entry_of(outcome.chosen, outcome.reference, outcome.runner_up, note)
+    return entry_of(outcome.chosen, outcome.reference, outcome.runner_up, CALIBRATION)
 
 
 def _so_far(
