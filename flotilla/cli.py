@@ -22,6 +22,7 @@ from flotilla.flags import (
     PROFILES,
     PROGRESS,
     RECORDS,
+    RESIDENCY,
     STORE,
     TUNE,
     WORK_QUEUE,
@@ -41,7 +42,9 @@ def _width_without_terminal() -> None:
 
 
 @app.command()
-@settings_flags(HTTP_API | MODELS | PROFILES | DECODING | STORE | RECORDS | KAFKA_INGEST)
+@settings_flags(
+    HTTP_API | MODELS | PROFILES | RESIDENCY | DECODING | STORE | RECORDS | KAFKA_INGEST
+)
 def serve(settings: Settings) -> None:
     """Gateway, in-process queue and a worker in one process, on the embedded defaults."""
     _check_collection(settings)

@@ -60,6 +60,9 @@ def set_help_width() -> None:
 MODELS = frozenset({"fleet", "model_cache_dir", "device", "threads"})
 # wiring.model_host(): the profile each model gets (tuned, or what an untuned device gets).
 PROFILES = frozenset({"tuned_file", "untuned", "tune_budget_s", "tune_nice"})
+# wiring.model_host() and the admin API of `flotilla serve`: the memory the models may hold,
+# who may add and remove models, and the file that keeps those changes.
+RESIDENCY = frozenset({"memory_budget_mb", "fleet_state", "admin_keys"})
 # flotilla.tune: the models, where tuned profiles go, the laws multilingual models calibrate on.
 TUNE = MODELS | {"tuned_file", "calibration_dir", "log_level"}
 # wiring.adapter_catalog(): Settings.adapters_root, where adapters are found or registered.

@@ -66,6 +66,21 @@ class Settings(BaseSettings):
         description="CPU threads the models run on (inference, or `lora train`); 0 uses every "
         "core, fewer leaves cores to other processes.",
     )
+    memory_budget_mb: float = Field(
+        default=0.0,
+        ge=0,
+        description="Memory the fleet's models may hold on the device, in MB: loading an "
+        "on-demand model past it first evicts the least recently used model that is idle "
+        "and not pinned. 0: 90% of the CUDA card's free memory at start, or 80% of the "
+        "memory available to processes on a CPU. Lower leaves room to other processes, "
+        "higher keeps more models resident (fewer loads).",
+    )
+    fleet_state: Path | None = Field(
+        default=None,
+        description="A YAML file recording the models added and removed through the admin "
+        "API, applied over --fleet at start so the changes survive a restart; unset, they "
+        "last until the server stops.",
+    )
     tuned_file: Path | None = Field(
         default=None,
         description="Tuned profiles (`flotilla tune` writes them): a model whose fleet profile "
@@ -348,11 +363,19 @@ class LoraSettings(Settings, TrainConfig, Prices):
 GROUPS: dict[str, tuple[str, ...]] = {
     "Server": ("host", "port", "worker_port", "log_level"),
     # auto_truncate is how the models take over-long inputs, from requests or ingest alike.
-    "Models": ("fleet", "device", "threads", "auto_truncate"),
+    "Models": (
+        "fleet",
+        "device",
+        "threads",
+        "auto_truncate",
+        "memory_budget_mb",
+        "fleet_state",
+    ),
     "Tuning": ("tuned_file", "untuned", "tune_budget_s", "tune_nice", "calibration_dir"),
     "Directories": ("model_cache_dir", "data_dir", "adapters_dir"),
     "Requests": (
         "api_keys",
+        "admin_keys",
         "request_timeout_s",
         "max_body_bytes",
         "header_timeout_s",

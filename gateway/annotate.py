@@ -12,7 +12,7 @@ import msgspec
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import TaskNotSupported
-from embedder.core.fleet import Fleet, ModelSpec
+from embedder.core.fleet import FleetView, ModelSpec
 from embedder.core.jobs import Job, split_model
 from embedder.core.rawjson import decode_struct, estimate_tokens
 from embedder.tasks.kind import TaskKind
@@ -24,7 +24,7 @@ class _Routing(msgspec.Struct):
     adapter: str | None = None
 
 
-def model_for(fleet: Fleet, name: str | None, task: str, doing: str) -> ModelSpec:
+def model_for(fleet: FleetView, name: str | None, task: str, doing: str) -> ModelSpec:
     """The named model (else the fleet's first that answers ``task``), refused unless its
     kind answers ``task`` (a rerank takes an embedding model too); ``doing`` names the
     work in the message ("generate text")."""
@@ -53,7 +53,7 @@ def requested(model: str | None, adapter: str | None) -> tuple[str | None, str |
     return model, adapter
 
 
-def default_model(fleet: Fleet, task: str) -> ModelSpec:
+def default_model(fleet: FleetView, task: str) -> ModelSpec:
     """Routes without a model field (TEI) use the fleet's first model of the first kind
     that answers ``task`` (reranking falls back to an embedding model, which scores by
     cosine similarity), else the fleet's first."""
@@ -68,7 +68,7 @@ def annotate(
     body: bytes,
     shape: str,
     kind: TaskKind,
-    fleet: Fleet,
+    fleet: FleetView,
     *,
     now: float,
     timeout_s: float,

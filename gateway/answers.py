@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from embedder.core.jobs import ModelState
 from ingest.health import IngestState
 
 # -- OpenAI, TEI, Cohere v1 -------------------------------------------------------------
@@ -264,7 +265,7 @@ class Readiness(BaseModel):
     status: Literal["ready", "not_ready", "degraded"] = Field(
         description="'degraded': the models serve, but this process's ingest is not running."
     )
-    models: dict[str, Literal["loading", "ready", "failed"]]
+    models: dict[str, ModelState]
     ingest: IngestReadiness | None = Field(
         default=None, description="Present when this process runs Kafka ingest."
     )

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from embedder.core.adapters import AdapterCatalog
-from embedder.core.fleet import Fleet
+from embedder.core.fleet import FleetView
 from embedder.core.jobs import ModelStates, Task
 from embedder.queue import JobSubmitter
 from embedder.tasks.registry import routes
@@ -44,7 +44,7 @@ def body_routes() -> dict[str, str]:
 
 def create_app(
     config: GatewayConfig,
-    fleet: Fleet,
+    fleet: FleetView,
     queue: JobSubmitter,
     states: ModelStates,
     lifespan: Callable[[FastAPI], object] | None = None,
@@ -101,7 +101,7 @@ def _add_search_route(app: FastAPI, gateway: Gateway, store: VectorStore, docs: 
 
 
 def _add_model_list(
-    app: FastAPI, fleet: Fleet, states: ModelStates, catalog: AdapterCatalog
+    app: FastAPI, fleet: FleetView, states: ModelStates, catalog: AdapterCatalog
 ) -> None:
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:
@@ -144,7 +144,7 @@ INGEST_READY_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 
 def _add_probes(
-    app: FastAPI, fleet: Fleet, states: ModelStates, ingest_health: IngestHealth | None
+    app: FastAPI, fleet: FleetView, states: ModelStates, ingest_health: IngestHealth | None
 ) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -153,12 +153,13 @@ def _add_probes(
 
     @app.get("/ready", response_model=None, responses=READY_RESPONSES)
     async def ready() -> Response:
-        """Readiness to serve requests: every model of the fleet is loaded. Ingest, when
+        """Readiness to serve requests: every model of the fleet is loaded, or loads on
+        its first request (an on-demand model, resident or evicted). Ingest, when
         this process runs it, is reported beside (status 'degraded' while it is not
         running) without failing the probe: a Kafka outage must not take the API of
         every replica out of its load balancer. /ready/ingest is ingest's own probe."""
         model_states = {name: states.state(name) for name in fleet.models}
-        ok = all(state == "ready" for state in model_states.values())
+        ok = all(state in ("ready", "evicted") for state in model_states.values())
         body: dict[str, object] = {"status": "ready" if ok else "not_ready", "models": model_states}
         if ingest_health is not None:
             ingest_status = ingest_health.status()
@@ -179,7 +180,7 @@ def _add_probes(
         return JSONResponse(ingest_status.describe(), status_code=200 if ingest_status.up else 503)
 
 
-def _add_metrics(app: FastAPI, fleet: Fleet, queue: JobSubmitter) -> None:
+def _add_metrics(app: FastAPI, fleet: FleetView, queue: JobSubmitter) -> None:
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> Response:
         depth = queue.depth()

@@ -27,6 +27,12 @@ class GatewayLimits(BaseModel):
         default=(),
         description="Accepted bearer tokens, comma-separated; empty leaves the API open.",
     )
+    admin_keys: tuple[str, ...] = Field(
+        default=(),
+        description="Bearer tokens of the admin API (/admin/models: add and remove models "
+        "while serving), comma-separated; empty turns the admin API off. Client keys "
+        "(--api-keys) are never accepted there.",
+    )
     request_timeout_s: float = Field(
         default=30.0,
         gt=0,
@@ -50,7 +56,7 @@ class GatewayLimits(BaseModel):
         "with Retry-After. Higher absorbs bursts, lower bounds queueing latency.",
     )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):

@@ -83,7 +83,8 @@ class CollectionDocuments:
             self._check_count(len(upsert.documents), "documents")
             spec = await self._existing(collection)
             seen["model"] = model = self._model(upsert.model, spec)
-            self.gateway.check_ready(split_model(model)[0])
+            deadline = self.gateway.clock() + self.gateway.timeout_s(request)
+            self.gateway.check_ready(split_model(model)[0], deadline)
             headers = ((COLLECTION_HEADER, collection.encode()), (MODEL_HEADER, model.encode()))
             records = [
                 RawRecord(None, bytes(raw), headers, SourceRef(SOURCE, 0, index))

@@ -23,7 +23,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from embedder.core.errors import DeadlineExceeded, FlotillaError, InvalidRequest
-from embedder.core.fleet import Fleet, entry_as
+from embedder.core.fleet import FleetView, entry_as
 from embedder.core.jobs import Job, JobResult, Task
 from embedder.core.rawjson import decode_struct, estimate_tokens
 from embedder.queue import JobSubmitter, Partial, ReplyStream, StreamingSubmitter
@@ -39,7 +39,7 @@ from gateway.errors import ClientGone
 class Gateway(Protocol):
     """What of ``gateway.service.Gateway`` the generation routes use."""
 
-    fleet: Fleet
+    fleet: FleetView
     config: GatewayConfig
     admission: Admission
     clock: Callable[[], float]

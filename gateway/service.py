@@ -24,8 +24,8 @@ from embedder.core.errors import (
     NotReady,
     Unauthorized,
 )
-from embedder.core.fleet import Fleet
-from embedder.core.jobs import Job, JobResult, ModelStates
+from embedder.core.fleet import FleetView
+from embedder.core.jobs import Job, JobResult, LoadsOnDemand, ModelStates
 from embedder.core.rawjson import check_depth
 from embedder.queue import JobSubmitter
 from embedder.tasks.registry import kind_of_shape
@@ -93,7 +93,7 @@ class Gateway:
     def __init__(
         self,
         config: GatewayConfig,
-        fleet: Fleet,
+        fleet: FleetView,
         queue: JobSubmitter,
         states: ModelStates,
         *,
@@ -120,7 +120,7 @@ class Gateway:
             check_depth(body)  # before anything decodes it: a decoder recurses per level
             job = await route.job(self, request, body, start)
             model = job.model
-            self.check_ready(model)
+            self.check_ready(model, job.deadline)
             if isinstance(route, StreamingRoute) and route.streams(job):
                 # Counted when its first part is out: the request time is the first token's.
                 response = await route.stream(self, request, job)
@@ -261,7 +261,12 @@ class Gateway:
         except ValueError:
             raise InvalidRequest(f"x-priority must be an integer, got {raw!r}") from None
 
-    def check_ready(self, model: str) -> None:
+    def check_ready(self, model: str, deadline: float) -> None:
+        """NotReady (503 with Retry-After) unless ``model`` can answer by ``deadline``;
+        a host that loads models on demand is asked for it (and loads it) instead."""
+        if isinstance(self.states, LoadsOnDemand):
+            self.states.demand(model, deadline)
+            return
         state = self.states.state(model)
         if state == "loading":
             # A view of remote workers says why none is heard (the broker is unreachable).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedder.core.errors import AdapterInvalid, AdapterNotFound, FlotillaError
-from embedder.core.fleet import Fleet, ModelSpec
+from embedder.core.fleet import FleetView, ModelSpec
 
 CONFIG = "adapter_config.json"
 WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -81,7 +81,7 @@ def check_adapter(spec: ModelSpec, name: str, folder: Path) -> AdapterInfo:
 class AdapterCatalog:
     """The adapters each model serves: the fleet's, plus those registered on disk."""
 
-    def __init__(self, fleet: Fleet, root: Path | None = None) -> None:
+    def __init__(self, fleet: FleetView, root: Path | None = None) -> None:
         self.fleet = fleet
         self.root = root
         self._registered: dict[str, dict[str, Path]] = {}

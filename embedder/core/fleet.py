@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, Literal, TypeVar
+from typing import ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,7 @@ from embedder.importers import IMPORTERS, default_cache_dir
 DeviceKind = Literal["cpu", "cuda"]
 Precision = Literal["auto", "float32", "bfloat16", "bfloat16-autocast", "float16", "int8"]
 PromptUse = Literal["query", "document"]  # what a text is for, when a request says
+LoadWhen = Literal["start", "on_demand"]
 
 
 class FleetError(FlotillaError):
@@ -186,6 +187,21 @@ class ModelSpec(BaseModel):
         description="LoRA adapters served per request as 'model:adapter': name -> folder.",
     )
     profiles: dict[DeviceKind, Profile] = Field(default_factory=dict)
+    load: LoadWhen = Field(
+        default="start",
+        description="'start': loaded before the server reports ready; 'on_demand': loaded "
+        "by its first request (which waits for it within its deadline) and evicted, least "
+        "recently used first, when another model needs its memory (--memory-budget-mb).",
+    )
+    pin: bool | None = Field(
+        default=None,
+        description="Never evicted to make room for another model. Unset: pinned when "
+        "'load: start', evictable when 'load: on_demand'.",
+    )
+
+    @property
+    def pinned(self) -> bool:
+        return self.load == "start" if self.pin is None else self.pin
 
     @model_validator(mode="after")
     def _a_kind(self) -> ModelSpec:
@@ -278,3 +294,68 @@ class Fleet(BaseModel):
                 spec = spec.model_copy(update={"source": source})
             models[name] = spec
         return self.model_copy(update={"models": models})
+
+
+class FleetView(Protocol):
+    """What readers of the fleet need (the gateway, the host, the adapter catalog): a
+    ``Fleet`` as loaded, or a ``LiveFleet`` that models join and leave while serving."""
+
+    @property
+    def models(self) -> Mapping[str, ModelSpec]: ...
+
+    def get(self, name: str) -> ModelSpec: ...
+
+    @property
+    def default_model(self) -> str: ...
+
+
+class LiveFleet:
+    """The fleet of a running server: the one it started with, plus the models added and
+    less those removed since (the admin API). Every change makes a new ``Fleet``, so a
+    reader iterating ``models`` never sees it change under it; a change that would break
+    the fleet's rules (a name or alias used twice) is a ValueError and changes nothing."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+
+    @property
+    def models(self) -> Mapping[str, ModelSpec]:
+        return self.fleet.models
+
+    def get(self, name: str) -> ModelSpec:
+        return self.fleet.get(name)
+
+    @property
+    def default_model(self) -> str:
+        return self.fleet.default_model
+
+    def add(self, spec: ModelSpec) -> None:
+        if spec.name in self.fleet.models:
+            raise ValueError(f"model {spec.name!r} is in the fleet already; remove it first")
+        self.fleet = Fleet.model_validate({"models": {**self.fleet.models, spec.name: spec}})
+
+    def remove(self, name: str) -> ModelSpec:
+        """Take a model out (by its name, not an alias); ModelNotFound if it is not in."""
+        spec = self.fleet.get(name)
+        if spec.name != name:
+            raise ModelNotFound(f"{name!r} is an alias of {spec.name!r}: remove it by its name")
+        if len(self.fleet.models) == 1:
+            raise ValueError(f"model {name!r} is the fleet's last: a fleet needs one model")
+        rest = {n: s for n, s in self.fleet.models.items() if n != name}
+        self.fleet = Fleet.model_validate({"models": rest})
+        return spec
+
+
+class FleetAdmin(Protocol):
+    """Models joining and leaving a running server (the admin API, ``gateway.admin``):
+    the model host of ``flotilla serve`` does it."""
+
+    async def add_model(self, spec: ModelSpec) -> None:
+        """Join the fleet at once (requests may name it from now on); a 'load: start'
+        model starts loading, an on-demand one loads on its first request. ValueError
+        when the name or an alias is taken."""
+
+    async def remove_model(self, name: str) -> None:
+        """Leave the fleet at once (new requests get 404), then finish the jobs already
+        queued or running for it and unload it; returns once its memory is freed.
+        ModelNotFound when no model has that name."""

@@ -12,7 +12,7 @@ import enum
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 
 class Task(enum.StrEnum):
@@ -60,7 +60,9 @@ BUILT_IN_TASKS = frozenset(Task)
 # Which end of an over-long input is cut: requests say it, runtimes do it.
 TruncationSide = Literal["right", "left"]
 
-ModelState = Literal["loading", "ready", "failed"]
+# ready: resident and serving; evicted: not resident (an on-demand model before its first
+# request, or evicted for another's memory), its next request loads it.
+ModelState = Literal["loading", "ready", "evicted", "failed"]
 
 
 class ModelStates(Protocol):
@@ -71,6 +73,19 @@ class ModelStates(Protocol):
     def state(self, model: str) -> ModelState: ...
 
     def describe(self, model: str) -> dict[str, object]: ...
+
+
+@runtime_checkable
+class LoadsOnDemand(Protocol):
+    """Model states that load a model for the request that needs it (the model host of
+    ``flotilla serve``): the gateway calls ``demand`` for every request instead of
+    reading the state itself."""
+
+    def demand(self, model: str, deadline: float) -> None:
+        """Make ``model`` resident for a request due by ``deadline`` (wall clock): note
+        its use, start (or join) its load if it is not resident. Raises ``NotReady``
+        (with Retry-After) when it cannot serve the request in time: still loading at
+        start, failed, or a load measured longer than the time left."""
 
 
 def split_model(name: str) -> tuple[str, str | None]:

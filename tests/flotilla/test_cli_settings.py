@@ -50,6 +50,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("host", "port", "log_level"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
+            *("memory_budget_mb", "fleet_state", "admin_keys"),
             *("max_inputs_per_request", "auto_truncate"),
             *("ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels", "ocr_pdf_dpi"),
             *("ocr_local_roots",),
