@@ -34,3 +34,18 @@ BATCH_BUDGET_TOKENS = Gauge(
     "little that the fixed cost per pass takes over a tenth of the device's time).",
     ["model"],
 )
+# Models loaded on demand and evicted under the memory budget (embedder.residency).
+MODEL_LOADS = Counter(
+    "flotilla_model_loads", "Model loads, by outcome (loaded, failed).", ["model", "outcome"]
+)
+MODEL_EVICTIONS = Counter(
+    "flotilla_model_evictions", "Models unloaded to make room for another.", ["model"]
+)
+MODEL_LOAD_SECONDS = Counter(
+    "flotilla_model_load_seconds", "Time spent loading each model (with _total: a sum).", ["model"]
+)
+MODEL_MEMORY_BYTES = Gauge(
+    "flotilla_model_memory_bytes",
+    "Memory a resident model holds, measured as it loaded (0 when not resident).",
+    ["model"],
+)
