@@ -65,6 +65,7 @@ bench: kafka-jars ocr-fonts
 	$(BIN)/flotilla bench chaos
 	$(BIN)/flotilla bench generate
 	$(BIN)/flotilla bench ocr
+	$(BIN)/flotilla bench fleet
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site

@@ -463,6 +463,12 @@ for _name, _module, _help in (
         "bench.ocr",
         "OCR pages/s and character error rate: served, batched, against rapidocr one at a time.",
     ),
+    (
+        "fleet",
+        "bench.fleet",
+        "A fleet wider than memory: on-demand loads and evictions under a budget, each answer "
+        "checked, memory sampled every 100 ms.",
+    ),
 ):
     bench_app.command(_name, help=_help, context_settings=PASS_THROUGH)(_bench(_module))
 

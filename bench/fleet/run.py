@@ -1,0 +1,260 @@
+"""``flotilla bench fleet``: a fleet wider than memory, served on one machine.
+
+The fleet: ``--entries`` embedding entries made from the bundled weights (all-MiniLM-L6-v2
+and multilingual-e5-small) under names of their own, with fixed runtimes and precisions
+(torch fp32/bf16, ONNX Runtime fp32, OpenVINO fp32/bf16, where installed), every one
+``load: on_demand`` and evictable (``bench.fleet.fleetfile``). Separate entries are
+separate resident copies.
+
+First a calibration server measures what one copy of each kind adds to the resident set
+and what each runtime's libraries add once (``bench.fleet.calibrate``); the budget
+(``--memory-budget-mb`` of the server) is set to hold ``--hold`` models of the fleet's
+mean cost, or to ``--budget-mb``. Then a fresh server with that budget takes an open-loop
+load (``bench.fleet.traffic``): Poisson arrivals at ``--rate``, each naming a model by a
+Zipf popularity whose ranking rotates every ``--shift-s``, each with
+``x-request-timeout-ms``. Every 200 is checked against the same weights loaded alone in
+this process (``bench.fleet.check``); the server's resident set is sampled every 100 ms
+(``bench.fleet.memory``); /v1/models is polled each second and /metrics read at the end
+(``bench.fleet.state``).
+
+The run fails (exit status 1, ``"ok": false``) on a wrong answer, on an error other than a
+503 with Retry-After, or when the resident set rose above its floor by more than the
+budget, the runtimes' libraries and the tolerance. JSON, a Markdown table and a PNG go to
+``--out-dir`` (``bench.fleet.report``).
+
+    flotilla bench fleet [--quick] [--entries 12] [--hold 3] [--duration-s 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+import bench.fleet.calibrate as calibrate
+import bench.fleet.check as check
+import bench.fleet.fleetfile as fleetfile
+import bench.fleet.report as report
+import bench.fleet.state as state
+import bench.fleet.traffic as traffic
+from bench import report as bench_report
+from bench import texts as bench_texts
+from bench.fleet.accounting import Answer
+from bench.fleet.clients import Check, MinCosine, OpenLoop
+from bench.fleet.fleetfile import Entry
+from bench.fleet.memory import MB, Bound
+from bench.fleet.server import Running, serving
+from embedder.core.fleet import Fleet
+
+QUICK = {"entries": 4, "hold": 2.0, "duration_s": 20.0, "shift_s": 5.0, "rate": 6.0}
+FLOOR_S = 1.0  # the floor: the median resident set over this long before the load
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="flotilla bench fleet",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--quick", action="store_true",
+        help="a smoke run, MiniLM kinds only; its defaults: " + str(QUICK))  # fmt: skip
+    add("--entries", type=int, default=12, help="fleet entries (12)")
+    add("--hold", type=float, default=3.0, help="models of mean cost the budget holds (3)")
+    add("--budget-mb", type=float, default=None, help="the budget, instead of --hold's")
+    add("--duration-s", type=float, default=120.0, help="the load (120)")
+    add("--rate", type=float, default=8.0, help="requests per second, open-loop (8)")
+    add("--shift-s", type=float, default=20.0, help="the ranking rotates this often (20)")
+    add("--step", type=int, default=None,
+        help="places it rotates by (default a quarter of the entries)")  # fmt: skip
+    add("--zipf-s", type=float, default=1.2, help="the skew: rank r asked ∝ 1/r^s (1.2)")
+    add("--deadline-ms", type=float, default=30_000.0, help="x-request-timeout-ms (30000)")
+    add("--tolerance-pct", type=float, default=10.0,
+        help="memory tolerance above the budget, percent of the budget (10)")  # fmt: skip
+    add("--tolerance-mb", type=float, default=50.0, help="and in MB besides (50)")
+    add("--threads", type=int, default=os.cpu_count() or 1)
+    add("--seed", type=int, default=bench_texts.SEED)
+    add("--ready-timeout-s", type=float, default=300.0)
+    add("--out", default="fleet", help="name of the JSON, Markdown and PNG files")
+    add("--out-dir", type=Path, default=None, help="default bench/results")
+    # --quick changes the defaults, so that a flag given beside it still wins.
+    if parser.parse_known_args(argv)[0].quick:
+        parser.set_defaults(**QUICK)
+    args = parser.parse_args(argv)
+    if args.entries < 2 or args.hold <= 0 or args.rate <= 0 or args.shift_s <= 0:
+        parser.error("--entries must be 2 or more; --hold, --rate and --shift-s positive")
+    if args.step is None:
+        args.step = max(1, args.entries // 4)
+    return args
+
+
+@dataclass
+class Setup:
+    """What the run is made of, before any server starts."""
+
+    entries: list[Entry]
+    bundled: Fleet
+    texts: list[str]
+    refs: dict[str, check.References]  # per weights
+    planned: list[traffic.Planned]
+    shape: traffic.Shape
+
+
+def prepare(args: argparse.Namespace) -> Setup:
+    from embedder.tasks.fleet import load_fleet
+
+    bundled = load_fleet()
+    kinds = fleetfile.available(fleetfile.QUICK_KINDS if args.quick else fleetfile.KINDS)
+    entries = fleetfile.entries(args.entries, kinds)
+    texts = check.bench_texts(seed=args.seed)
+    used = {e.kind.weights: fleetfile.WEIGHTS[e.kind.weights] for e in entries}
+    print(f"references: {', '.join(used.values())} in fp32, alone, over {len(texts)} texts")
+    refs = check.references_for(bundled, used, texts, args.threads)
+    shape = traffic.Shape(args.duration_s, args.rate, args.shift_s, args.step, args.zipf_s)
+    planned = traffic.plan([e.name for e in entries], shape, len(texts), args.seed)
+    return Setup(entries, bundled, texts, refs, planned, shape)
+
+
+def write_fleet(path: Path, chosen: Sequence[Entry], bundled: Fleet) -> Path:
+    path.write_text(yaml.safe_dump(fleetfile.fleet_file(chosen, bundled)), encoding="utf-8")
+    return path
+
+
+def session(deadline_s: float) -> aiohttp.ClientSession:
+    timeout = aiohttp.ClientTimeout(total=deadline_s + 15)
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1024))
+
+
+def run_calibration(args: argparse.Namespace, setup: Setup, work: Path) -> list[calibrate.Measured]:
+    kinds = [e.kind for e in setup.entries]
+    entries = calibrate.plan(kinds)
+    fleet = write_fleet(work / "calibration.yaml", entries, setup.bundled)
+    print(f"calibration: {len(entries)} loads, one at a time (log: {work / 'calibration.log'})")
+
+    async def measure(running: Running) -> list[calibrate.Measured]:
+        async with session(3600) as s:
+            return await calibrate.measure(
+                s, running, entries, setup.texts[: calibrate.SERVE_TEXTS]
+            )
+
+    # No budget to speak of (0 is the server's automatic one, most of the free memory),
+    # and a long deadline: a kind's first load on a machine may export its graph.
+    with serving(fleet, 0, work, "calibration", threads=args.threads, deadline_s=3600,
+                 ready_timeout_s=args.ready_timeout_s) as running:  # fmt: skip
+        return asyncio.run(measure(running))
+
+
+@dataclass
+class Drive:
+    """What the measured server gave: the answers, the polls, the counters at the end,
+    its floor and when the load began on the memory sampler's clock."""
+
+    answers: list[Answer]
+    polls: list[state.Seen]
+    metrics: str
+    models: list[dict[str, Any]]
+    floor: int
+    load_at_s: float
+    cpu: dict[str, float]  # the machine's CPU over the load: ours, and other processes'
+
+
+def judge(setup: Setup) -> tuple[Check, MinCosine]:
+    """The check of a 200 and the bound of each model, by the entry's weights and dtype."""
+    kinds = {e.name: e.kind for e in setup.entries}
+
+    def worst(request: traffic.Planned, payload: bytes) -> float:
+        refs = setup.refs[kinds[request.model].weights]
+        return check.worst_cosine(check.answer_vectors(payload), request.inputs, refs)
+
+    def bound(model: str) -> float:
+        return check.min_cosine(kinds[model].dtype)
+
+    return worst, bound
+
+
+async def drive(args: argparse.Namespace, setup: Setup, running: Running) -> Drive:
+    memory = running.memory
+    await asyncio.sleep(FLOOR_S + 0.1)
+    floor = memory.level(memory.now() - FLOOR_S)
+    worst, bound = judge(setup)
+    async with session(args.deadline_ms / 1e3) as s:
+        poller = state.Poller(s, running.base, time.monotonic())
+        polling = asyncio.create_task(poller.run())
+        load = OpenLoop(s, running.embeddings, setup.planned, setup.texts, worst, bound,
+                        args.deadline_ms)  # fmt: skip
+        load_at = memory.now()
+        meter = bench_report.CpuMeter([running.pid])
+        answers = await load.run()
+        cpu = meter.result()
+        poller.stop()
+        polls = await polling
+        metrics = await state.metrics_text(s, running.base)
+        models = await state.models(s, running.base)
+    return Drive(answers, polls, metrics, models, floor, load_at, cpu)
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    started = time.perf_counter()
+    setup = prepare(args)
+    measured = run_calibration(args, setup, work)
+    per_kind, libraries = calibrate.costs(measured)
+    costs = [per_kind[e.kind] for e in setup.entries]
+    chosen = calibrate.choose_budget(costs, args.hold)
+    budget = int(args.budget_mb * MB) if args.budget_mb else chosen
+    runtimes = {e.kind.runtime for e in setup.entries}
+    fleet = write_fleet(work / "fleet.yaml", setup.entries, setup.bundled)
+    print(f"fleet: {len(setup.entries)} entries, budget {budget / MB:.0f} MB "
+          f"(mean cost {sum(costs) / len(costs) / MB:.0f} MB); {len(setup.planned)} requests "
+          f"over {args.duration_s:.0f} s (log: {work / 'fleet.log'})", flush=True)  # fmt: skip
+    with serving(fleet, budget / MB, work, "fleet", threads=args.threads,
+                 deadline_s=args.deadline_ms / 1e3,
+                 ready_timeout_s=args.ready_timeout_s) as running:  # fmt: skip
+        driven = asyncio.run(drive(args, setup, running))
+    samples = running.memory.samples
+    bound = Bound(driven.floor, budget, sum(libraries.get(r, 0) for r in runtimes),
+                  args.tolerance_pct, args.tolerance_mb)  # fmt: skip
+    return report.result(
+        report.Inputs(
+            args=args, entries=setup.entries, shape=setup.shape, answers=driven.answers,
+            polls=driven.polls, metrics=driven.metrics, models=driven.models,
+            samples=samples, load_at_s=driven.load_at_s, bound=bound,
+            calibration=calibrate.section(measured), per_kind=per_kind,
+            budget_source="--budget-mb" if args.budget_mb else
+            f"{args.hold:g} x the fleet's mean cost, at least {calibrate.LARGEST_MARGIN:g} x "
+            "its largest",
+            machine=bench_report.machine(args.threads),
+            cpu=driven.cpu,
+            elapsed_s=time.perf_counter() - started,
+        )
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out_dir = args.out_dir or bench_report.results_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="flotilla-bench-fleet-"))
+    try:
+        data = run(args, work)
+    finally:
+        logs = out_dir / f"{args.out}-logs"
+        logs.mkdir(exist_ok=True)
+        for kept in [*work.glob("*.log"), *work.glob("*.yaml")]:
+            shutil.copy(kept, logs / kept.name)
+        shutil.rmtree(work, ignore_errors=True)
+    paths = report.write(data, out_dir, args.out)
+    print(report.markdown(data))
+    print(report.verdict_text(data))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0 if data["ok"] else 1
