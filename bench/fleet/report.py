@@ -41,6 +41,7 @@ class Inputs:
     machine: dict[str, Any]
     cpu: dict[str, float]
     elapsed_s: float
+    unread: Sequence[str] = ()  # what the server did not answer after the load
 
 
 def model_rows(got: Inputs) -> list[dict[str, Any]]:
@@ -61,9 +62,11 @@ def model_rows(got: Inputs) -> list[dict[str, Any]]:
     return rows
 
 
-def verdict(rows: Sequence[dict[str, Any]], mem: dict[str, Any]) -> list[str]:
+def verdict(
+    rows: Sequence[dict[str, Any]], mem: dict[str, Any], unread: Sequence[str] = ()
+) -> list[str]:
     """Why the run fails; empty when it passes."""
-    why: list[str] = []
+    why = [f"after the load the server did not answer {u}" for u in unread]
     wrong = sum(r["answers"].get(accounting.WRONG, 0) for r in rows)
     errors = sum(r["errors"] for r in rows) - wrong
     if wrong:
@@ -85,7 +88,7 @@ def result(got: Inputs) -> dict[str, Any]:
     rows = model_rows(got)
     mem = memory.verdict(got.samples, got.bound, since_s=got.load_at_s)
     held = [p.held for p in got.polls]
-    why = verdict(rows, mem)
+    why = verdict(rows, mem, got.unread)
     return {
         "benchmark": "fleet",
         "ok": not why,

@@ -58,6 +58,7 @@ from embedder.core.fleet import Fleet
 
 QUICK = {"entries": 4, "hold": 2.0, "duration_s": 20.0, "shift_s": 5.0, "rate": 6.0}
 FLOOR_S = 1.0  # the floor: the median resident set over this long before the load
+CALIBRATION_DEADLINE_S = 900.0  # a kind's first load on a machine may export its graph
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -142,14 +143,14 @@ def run_calibration(args: argparse.Namespace, setup: Setup, work: Path) -> list[
     print(f"calibration: {len(entries)} loads, one at a time (log: {work / 'calibration.log'})")
 
     async def measure(running: Running) -> list[calibrate.Measured]:
-        async with session(3600) as s:
+        async with session(CALIBRATION_DEADLINE_S) as s:
             return await calibrate.measure(
                 s, running, entries, setup.texts[: calibrate.SERVE_TEXTS]
             )
 
-    # No budget to speak of (0 is the server's automatic one, most of the free memory),
-    # and a long deadline: a kind's first load on a machine may export its graph.
-    with serving(fleet, 0, work, "calibration", threads=args.threads, deadline_s=3600,
+    # No budget to speak of (0 is the server's automatic one, most of the free memory).
+    with serving(fleet, 0, work, "calibration", threads=args.threads,
+                 deadline_s=CALIBRATION_DEADLINE_S,
                  ready_timeout_s=args.ready_timeout_s) as running:  # fmt: skip
         return asyncio.run(measure(running))
 
@@ -166,6 +167,7 @@ class Drive:
     floor: int
     load_at_s: float
     cpu: dict[str, float]  # the machine's CPU over the load: ours, and other processes'
+    unread: list[str]  # what the server did not answer after the load
 
 
 def judge(setup: Setup) -> tuple[Check, MinCosine]:
@@ -198,9 +200,8 @@ async def drive(args: argparse.Namespace, setup: Setup, running: Running) -> Dri
         cpu = meter.result()
         poller.stop()
         polls = await polling
-        metrics = await state.metrics_text(s, running.base)
-        models = await state.models(s, running.base)
-    return Drive(answers, polls, metrics, models, floor, load_at, cpu)
+        metrics, models, unread = await state.after_run(s, running.base)
+    return Drive(answers, polls, metrics, models, floor, load_at, cpu, unread)
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -234,6 +235,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "its largest",
             machine=bench_report.machine(args.threads),
             cpu=driven.cpu,
+            unread=driven.unread,
             elapsed_s=time.perf_counter() - started,
         )
     )  # fmt: skip

@@ -116,6 +116,24 @@ async def metrics_text(session: aiohttp.ClientSession, base: str) -> str:
         return await response.text()
 
 
+async def after_run(
+    session: aiohttp.ClientSession, base: str
+) -> tuple[str, list[dict[str, Any]], list[str]]:
+    """/metrics and /v1/models once the load is over, and what could not be read (a
+    server that stopped answering is a finding for the report, not a crash of it)."""
+    unread: list[str] = []
+    metrics, data = "", []
+    try:
+        metrics = await metrics_text(session, base)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        unread.append(f"/metrics: {type(exc).__name__} {exc}".strip())
+    try:
+        data = await models(session, base)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        unread.append(f"/v1/models: {type(exc).__name__} {exc}".strip())
+    return metrics, data, unread
+
+
 class Poller:
     """/v1/models every ``POLL_S`` until ``stop()``; times from ``started``."""
 

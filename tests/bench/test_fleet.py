@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -337,6 +338,10 @@ def test_a_wrong_answer_an_error_or_memory_past_the_bound_fails_the_run() -> Non
     heavy = report.result(inputs(GOOD, rss_mb=(500, 721, 600)))  # bound 720 MB
     assert not heavy["ok"] and "above its bound of 720 MB" in heavy["failed_because"][0]
     assert "FAILED" in report.verdict_text(heavy)
+    mute = report.result(replace(inputs(GOOD), unread=["/metrics: TimeoutError"]))
+    assert mute["failed_because"] == [
+        "after the load the server did not answer /metrics: TimeoutError"
+    ]
 
 
 # -- the sender ---------------------------------------------------------------------------
