@@ -76,8 +76,9 @@ class OpenLoop:
                 # HTTP header names are case-insensitive; a plain dict of them is not.
                 retry = response.headers.get("Retry-After")
         except (aiohttp.ClientError, TimeoutError) as exc:
+            detail = str(exc)[:200] or f"no answer after {self.now() - request.at_s:.1f} s"
             self.answers.append(
-                Answer(request.model, request.at_s, self.now(), type(exc).__name__, str(exc)[:200])
+                Answer(request.model, request.at_s, self.now(), type(exc).__name__, detail)
             )
             return
         self.answers.append(self._judged(request, status, retry, payload))
