@@ -142,11 +142,19 @@ def markdown(data: dict[str, Any]) -> str:
     """The per-model table, and the memory line under it."""
     lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for r in data["models"]:
+        memory_cell = _cell(r.get("memory_mb"))
+        if r.get("memory_mb") is None:  # never seen resident: its kind's calibrated cost
+            memory_cell = _cell(r.get("calibrated_mb")) + "*"
         cells = [r["model"], r["kind"], r["requests"], r["correct"], r["refused"], r["errors"],
                  r["p50_ms"], r["p99_ms"], r.get("loads"), r.get("evictions"),
-                 r.get("mean_load_s"), r.get("memory_mb") or r.get("calibrated_mb")]  # fmt: skip
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+                 r.get("mean_load_s")]  # fmt: skip
+        lines.append("| " + " | ".join([*(_cell(c) for c in cells), memory_cell]) + " |")
     m = data["memory"]
+    lines.append("")
+    lines.append(
+        "memory MB: the most /v1/models showed while the model was resident (what its last "
+        "load added to the resident set); * its kind's calibrated cost, never seen resident."
+    )
     lines.append("")
     lines.append(
         f"Resident set: floor {m['floor_mb']:.0f} MB, max {m['max_mb']:.0f} MB "
