@@ -181,6 +181,8 @@ def model_host(
         adapter_models=adapter_models,
         # A loader of its own (the emulated runtime, a test's) is not what a tune times.
         tuning=local_tuning(settings) if loader is None else None,
+        memory_budget_mb=settings.memory_budget_mb,
+        backlog=queue.depth if isinstance(queue, InProcessQueue) else None,
     )
 
 
@@ -274,7 +276,7 @@ async def running_stack(
         async with stack.host:
             if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
                 raise Stopped
-            if not stack.host.served:
+            if set(stack.host.failed) == set(stack.fleet.models):
                 raise SystemExit(f"no model could be loaded: {stack.host.failed}")
             yield stack
 

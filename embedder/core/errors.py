@@ -94,6 +94,13 @@ class NotReady(FlotillaError):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
+class NoRoom(NotReady):
+    """A model could not load in time: the device's memory budget is held by models that
+    are pinned or have work in hand."""
+
+    code = "no_room"
+
+
 class AdapterBuilding(NotReady):
     """An adapter whose graph for the model's runtime is still being built (an exported
     graph with the adapter merged in: tens of seconds, once per adapter and runtime).

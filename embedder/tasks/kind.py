@@ -57,6 +57,19 @@ class Switching(Protocol):
         waits for it."""
 
 
+@runtime_checkable
+class Unloading(Protocol):
+    """An engine that can stop serving one model and let its runtime go (an eviction, a
+    model removed while serving). A model on an engine without it is never evicted."""
+
+    def in_hand(self, model: str) -> int:
+        """Jobs of ``model`` taken and not yet answered."""
+
+    async def unserve(self, model: str) -> None:
+        """Stop pulling for ``model``; return once its batches in flight are delivered and
+        the engine holds no reference to its runtime."""
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """What an engine is made with: the queue it pulls from, the device's turns it shares

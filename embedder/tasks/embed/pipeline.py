@@ -193,6 +193,7 @@ class Handoff:
     def __init__(self) -> None:
         self._wanted = asyncio.Event()
         self._batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+        self._given: Batch = ()  # formed, not yet taken
 
     def ask(self) -> None:
         """The runner will take a batch soon: the former may form it now."""
@@ -201,20 +202,28 @@ class Handoff:
     async def take(self) -> Batch:
         if self._batches.empty():
             self.ask()
-        return await self._batches.get()
+        batch = await self._batches.get()
+        self._given = ()
+        return batch
 
     async def wanted(self) -> None:
         await self._wanted.wait()
 
     async def give(self, batch: Batch) -> None:
         self._wanted.clear()
+        self._given = batch
         await self._batches.put(batch)
 
     def waiting(self) -> int:
         """Batches formed but not yet taken."""
         return self._batches.qsize()
 
+    def peek(self) -> Batch:
+        """The batch formed and not yet taken, if any."""
+        return self._given
+
     def drain(self) -> list[Job]:
+        self._given = ()
         jobs: list[Job] = []
         while not self._batches.empty():
             jobs.extend(self._batches.get_nowait())
