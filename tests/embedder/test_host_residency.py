@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ class SizedLoader(FakeLoader):
     """FakeRuntimes that take ``sizes[name]`` MB of the fake device while alive; a model
     named in ``out_of_memory`` raises MemoryError as it loads, ``slow_s`` delays loads."""
 
-    def __init__(self, sizes: dict[str, int], *, out_of_memory: set[str] = frozenset(),
+    def __init__(self, sizes: dict[str, int], *, out_of_memory: Collection[str] = (),
                  slow_s: float = 0.0) -> None:  # fmt: skip
         super().__init__()
         self.sizes = sizes
