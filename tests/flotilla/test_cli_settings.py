@@ -267,7 +267,13 @@ def values(name: str, cls: type[Settings], tmp: Path) -> tuple[list[str], str, A
     if annotation is float:
         return [flag(name), "0.5"], "0.25", 0.5
     if typing.get_origin(annotation) in (list, tuple):  # of str, or of Path
-        return [flag(name), "a,b"], "c", typing.get_origin(annotation)(map(args[0], "ab"))
+        # Each setting its own items: a key may not be both a client and an admin key.
+        items = (f"{name}-a", f"{name}-b")
+        return (
+            [flag(name), ",".join(items)],
+            f"{name}-c",
+            typing.get_origin(annotation)(map(args[0], items)),
+        )
     if SecretStr in (annotation, *args):  # compared by its value, shown as asterisks
         return [flag(name), f"flag-{name}"], f"env-{name}", SecretStr(f"flag-{name}")
     if Path in (annotation, *args):
