@@ -29,7 +29,7 @@ from typing import Literal
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.device import detect_device, fingerprint, usable_cores
-from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.core.fleet import DeviceKind, Fleet, LiveFleet, ModelSpec
 from embedder.core.jobs import ModelState
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue import JobPuller
@@ -65,7 +65,7 @@ class LocalTuning:
 class ModelHost(Lifecycle):
     def __init__(
         self,
-        fleet: Fleet,
+        fleet: Fleet | LiveFleet,
         queue: JobPuller,
         *,
         options: Collection[object] = (),
@@ -341,6 +341,14 @@ class ModelHost(Lifecycle):
         # collector pass needed (its torch parameters were, in a check); a full pass over
         # the frozen load would pause the event loop instead (0.68 s, a served request's
         # answer held, on a loaded 2-core Xeon).
+
+    async def add_model(self, spec: ModelSpec) -> None:
+        # replaced by the residency work
+        raise NotImplementedError
+
+    async def remove_model(self, name: str) -> None:
+        # replaced by the residency work
+        raise NotImplementedError
 
 
 def as_choice(
