@@ -286,6 +286,8 @@ class ModelHost(Lifecycle):
         spec = choice.apply(spec, device)
         threads = choice.profile.threads or self.threads
         runtime = await asyncio.to_thread(self._loader(kind), spec, device, threads)
+        if spec.load == "on_demand" and kind.warm_up is not None:
+            await asyncio.to_thread(kind.warm_up, runtime)
         engine = self.engines.get(kind.engine)
         if engine is None:
             context = EngineContext(self.queue, self.turns, device, self.adapters, self.options)

@@ -167,6 +167,13 @@ class Residents:
                 continue
             if chosen == []:
                 return
+            if waits and record.expected_bytes > self.budget - self._pinned_bytes(record.name):
+                raise MemoryError(
+                    f"{record.name!r} needs {record.expected_bytes / MB:.0f} MB; the budget "
+                    f"({self.budget / MB:.0f} MB, --memory-budget-mb) leaves "
+                    f"{(self.budget - self._pinned_bytes(record.name)) / MB:.0f} MB beside the "
+                    "pinned models"
+                )
             if not waits:
                 log.warning(
                     "%s: loading past the memory budget (%.0f of %.0f MB held): the models "
@@ -201,6 +208,8 @@ class Residents:
 
     async def _load_measured(self, record: Residency) -> None:
         assert self.meter is not None, "attach() the device first"
+        # Freed memory the allocator still holds would be reused by the load and hide it.
+        await asyncio.to_thread(self.meter.release)
         before = self.meter.used()
         started = time.perf_counter()
         await self._load(record.name)
@@ -229,6 +238,10 @@ class Residents:
                 f"the budget ({self.budget / MB:.0f} MB, --memory-budget-mb) has no room for it"
             )
 
+    def _pinned_bytes(self, exclude: str) -> int:
+        """What the pinned models hold: memory no eviction can free."""
+        return held_bytes(r for r in self.records.values() if r.name != exclude and r.pinned)
+
     def _evictable(self, *, exclude: str) -> list[str]:
         return [
             r.name
@@ -246,12 +259,12 @@ class Residents:
         await self._unload(name)
         await asyncio.to_thread(self.meter.release)
         record.evictions += 1
+        record.freed_bytes = before - self.meter.used()
         metrics.MODEL_EVICTIONS.labels(name).inc()
         metrics.MODEL_MEMORY_BYTES.labels(name).set(0)
         log.info(
             "%s: evicted %s (last used %s); %.0f MB freed",
-            name, why, _ago(record.last_used, self.clock()),
-            (before - self.meter.used()) / MB,
+            name, why, _ago(record.last_used, self.clock()), record.freed_bytes / MB,
         )  # fmt: skip
 
     async def evict(self, name: str, why: str) -> None:

@@ -25,6 +25,7 @@ class Residency:
     last_used: float | None = None  # wall clock of its last request
     loads: int = 0
     evictions: int = 0
+    freed_bytes: int | None = None  # what its last eviction handed back, measured
     error: str | None = None  # why its last load failed
     failed_at: float | None = None
 
@@ -41,6 +42,7 @@ class Residency:
             "last_used": self.last_used,
             "loads": self.loads,
             "evictions": self.evictions,
+            "freed_bytes": self.freed_bytes,
             "load_s": None if self.load_s is None else round(self.load_s, 3),
         }
         if self.memory_bytes is None and self.estimate_bytes is not None:

@@ -104,6 +104,10 @@ class TaskKind:
     # `--untuned quick`: a brief tune at load for a model with no tuned profile; a kind
     # that has one is also tuned in the background (`--untuned background`)
     quick_tune: QuickTune | None = None
+    # One small pass on a loaded runtime (blocking), run before an on-demand model serves:
+    # its first request does not pay for kernel selection, and its memory is measured with
+    # its weights touched (mapped weight files count only once read).
+    warm_up: Callable[[Any], None] | None = None
 
     @property
     def answering(self) -> tuple[str, ...]:
