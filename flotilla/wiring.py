@@ -231,13 +231,17 @@ def local_stack(
     loader: Loader | None = None,
     with_adapters: Collection[str] = (),
     kept: FleetStateFile | None = None,
+    at_start: bool = False,
 ) -> LocalStack:
     """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``).
     ``models`` (names, aliases or 'model:adapter') cuts the fleet to what a command
     uses, the first becoming the default; every model of the fleet when None. The base
     of a 'model:adapter', and each model of ``with_adapters``, runs on a runtime that
-    takes adapters. ``kept``: the changes made while serving, applied at start."""
+    takes adapters. ``kept``: the changes made while serving, applied at start;
+    ``at_start``: every model loaded at start, on-demand ones too (a worker's)."""
     configured = configured_fleet(settings, kept)
+    if at_start:
+        configured = configured.loaded_at_start()
     if models is not None:
         configured = configured.only([split_model(name)[0] for name in models])
     fleet = LiveFleet(configured)
