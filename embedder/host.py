@@ -19,22 +19,27 @@ and moved to the result between two batches (``Switching``) if it differs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.device import detect_device, fingerprint, usable_cores
-from embedder.core.fleet import DeviceKind, Fleet, ModelSpec
+from embedder.core.errors import FlotillaError
+from embedder.core.fleet import DeviceKind, Fleet, LiveFleet, ModelSpec
 from embedder.core.jobs import ModelState
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue import JobPuller
+from embedder.residency.keeper import Residents
+from embedder.residency.memory import MemoryMeter, weights_bytes
 from embedder.serving.turns import DeviceTurns
-from embedder.tasks.kind import Engine, EngineContext, Loader, Switching, TaskKind
+from embedder.tasks.kind import Engine, EngineContext, Loader, Switching, TaskKind, Unloading
 from embedder.tasks.registry import kind_of
 from embedder.tuned import (
     TUNED_FIELDS,
@@ -50,6 +55,10 @@ from embedder.tuning.cache import identity_of, lookup, read_cache, record
 
 log = logging.getLogger(__name__)
 Untuned = Literal["defaults", "quick", "background"]
+DRAIN_POLL_S = 0.05  # how often a model leaving the fleet looks for its last jobs' end
+DRAIN_WAIT_S = 120.0  # longest it waits for them (a stuck job does not keep it forever)
+BACKLOG_POLL_S = 0.1  # how often jobs that came without a request (ingest) are looked for
+BACKLOG_WAIT_S = 30.0  # how long such jobs may wait for their model's load
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +74,7 @@ class LocalTuning:
 class ModelHost(Lifecycle):
     def __init__(
         self,
-        fleet: Fleet,
+        fleet: Fleet | LiveFleet,
         queue: JobPuller,
         *,
         options: Collection[object] = (),
@@ -77,17 +86,23 @@ class ModelHost(Lifecycle):
         untuned: Untuned = "background",
         adapter_models: Collection[str] = (),
         tuning: LocalTuning | None = None,
+        memory_budget_mb: float = 0.0,
+        backlog: Callable[[], Counter[str]] | None = None,
+        memory_meter: MemoryMeter | None = None,
     ) -> None:
         """``options``: the engines' options, one object per type (the request limits of
         the encoders, the OCR limits); ``loaders``: by task kind, in place of the kind's
         own (tests and benchmarks load their own runtimes); ``tuning``: where this
         machine's tuned profiles are kept; without it (a host built in code) none is read
-        or written and nothing is tuned in the background."""
-        self.fleet = fleet
+        or written and nothing is tuned in the background; ``memory_budget_mb``: what the
+        models may hold (0: a share of the device's free memory); ``backlog``: the jobs
+        waiting in the queue per model (a model with some is never evicted);
+        ``memory_meter``: how the models' memory is measured (the device's own when None)."""
+        self.fleet = fleet if isinstance(fleet, LiveFleet) else LiveFleet(fleet)
         # models that must take adapters though none is declared or registered at load
         # (a recipe search registers its trials' as it goes)
         self.adapter_models = frozenset(adapter_models)
-        self.adapters = adapters or AdapterCatalog(fleet)
+        self.adapters = adapters or AdapterCatalog(self.fleet)
         self.queue = queue
         self.options = {type(option): option for option in options}
         self.device = device
@@ -96,35 +111,57 @@ class ModelHost(Lifecycle):
         self.tuned = tuned or TunedProfiles()
         self.untuned = untuned
         self.tuning = tuning
+        self.backlog = backlog or Counter
         self.choices: dict[str, ProfileChoice] = {}  # the profile each model runs with, why
         self.engines: dict[str, Engine] = {}  # by engine name
         self.served: dict[str, Engine] = {}  # model -> the engine serving it
-        self.failed: dict[str, str] = {}
         self.turns = DeviceTurns()  # the device, shared by the engines
+        self.residents = Residents(
+            memory_budget_mb, self._load_model, self._unload_model, self._busy, self._refuse
+        )
+        for spec in self.fleet.models.values():
+            self._track(spec)
+        self._meter = memory_meter
+        self._device: DeviceKind | None = None
         self._task: asyncio.Task[None] | None = None
         self._tuning_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._adding: set[asyncio.Task[None]] = set()  # loads of models added while serving
         self._to_tune: dict[str, ProfileChoice] = {}  # model -> the choice before tuning
 
-    # -- ModelStates -----------------------------------------------------
+    # -- ModelStates, LoadsOnDemand ------------------------------------------------
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Models that failed to load, with why."""
+        records = self.residents.records.values()
+        return {r.name: r.error or "" for r in records if r.state == "failed"}
 
     def state(self, model: str) -> ModelState:
-        if model in self.failed:
-            return "failed"
+        record = self.residents.records.get(model)
+        if record is None:
+            return "failed"  # removed from the fleet
+        if record.state != "ready":
+            return record.state
         engine = self.served.get(model)
-        if engine is None or self._task is None:
-            return "loading"
-        return "ready" if engine.healthy(model) else "failed"
+        return "ready" if engine is not None and engine.healthy(model) else "failed"
 
     def describe(self, model: str) -> dict[str, object]:
-        if model in self.failed:
-            return {"error": self.failed[model]}
+        record = self.residents.records.get(model)
+        residency = record.describe() if record is not None else {}
         engine = self.served.get(model)
-        if engine is None:
-            return {}
+        if engine is None or record is None or record.state != "ready":
+            return residency
         if self._task is not None and not engine.healthy(model):
-            return {"error": "its engine stopped (a bug: the server log has the traceback)"}
+            return {
+                **residency,
+                "error": "its engine stopped (a bug: the server log has the traceback)",
+            }
         profile = {"profile": self.choices[model].describe()} if model in self.choices else {}
-        return {**(engine.describe(model) or {}), **profile}
+        return {**(engine.describe(model) or {}), **profile, **residency}
+
+    def demand(self, model: str, deadline: float) -> None:
+        self.residents.demand(model, deadline)
 
     def choose_profile(self, spec: ModelSpec, device: DeviceKind) -> ProfileChoice:
         """The tuned profile for this device when the fleet leaves it open (dtype: auto),
@@ -179,12 +216,13 @@ class ModelHost(Lifecycle):
         # Back in the collector's sight, so what the process leaves is freed as it exits
         # (native bindings report frozen objects as leaks).
         gc.unfreeze()
-        for task in (self._task, self._tuning_task):
+        for task in (self._task, self._tuning_task, self._watch_task):
             if task is not None and not task.done():
                 task.cancel()
         if self._tuning_task is not None:  # its child process is killed as it ends
             await asyncio.gather(self._tuning_task, return_exceptions=True)
-        self._task = self._tuning_task = None
+        await self.residents.stop()
+        self._task = self._tuning_task = self._watch_task = None
         for engine in self.engines.values():  # stopped, they still say what they loaded
             await engine.stop()
 
@@ -192,40 +230,119 @@ class ModelHost(Lifecycle):
         device: DeviceKind = (
             await asyncio.to_thread(detect_device) if self.device == "auto" else self.device
         )
+        self._device = device
+        self.residents.attach(device, self._meter)
         try:
-            for spec in self.fleet.models.values():
-                await self._load_one(spec, device)
+            for spec in list(self.fleet.models.values()):
+                if spec.load == "start":
+                    await self.residents.load(spec.name)
         finally:
             # What loading made (modules, models, tokenizers: hundreds of thousands of
             # objects) lives as long as the process: out of the collector's sight, so its
             # full passes stop pausing the requests. Measured: online p90 during an ingest
             # backlog (tests/distributed/test_worker_ingest.py) 440 ms without, 142 with.
+            # Models loaded on demand later stay in its sight: their eviction frees them.
             gc.collect()
             gc.freeze()
         if self._to_tune:  # after every model loaded: a tune times nothing else's load
             self._tuning_task = asyncio.create_task(self._tune_all(device), name="tuning")
+        self._watch_task = asyncio.create_task(self._load_on_backlog(), name="backlog-loads")
 
-    async def _load_one(self, spec: ModelSpec, device: DeviceKind) -> None:
+    async def _load_on_backlog(self) -> None:
+        """Load an evicted model whose jobs wait in the queue: jobs that came without a
+        request (ingest's) ask for no load, and a job caught by an evicted model's last
+        pull is handed back to wait for its next load."""
+        while True:
+            await asyncio.sleep(BACKLOG_POLL_S)
+            waiting = self.backlog()
+            for name, residency in list(self.residents.records.items()):
+                if residency.state == "evicted" and waiting[name] > 0:
+                    # NotReady only says the load may not end in time: it goes on.
+                    with contextlib.suppress(FlotillaError):
+                        self.residents.demand(name, time.time() + BACKLOG_WAIT_S)
+
+    def _track(self, spec: ModelSpec) -> None:
+        estimate = None
+        if spec.load == "on_demand":
+            try:
+                estimate = weights_bytes(spec.source.resolve())
+            except (OSError, FlotillaError):  # its load will say what is wrong
+                estimate = None
+        on_demand = spec.load == "on_demand"
+        self.residents.track(spec.name, pinned=spec.pinned, on_demand=on_demand, estimate=estimate)
+
+    async def _load_model(self, name: str) -> None:
+        """Load ``name`` and serve it on its kind's engine; raises if it cannot."""
+        assert self._device is not None
+        device = self._device
+        spec = self.fleet.get(name)
         kind = kind_of(spec.task)
-        try:
-            choice = await asyncio.to_thread(self.choose_profile, spec, device)
-            self.choices[spec.name] = self._queue_tune(spec, device, choice)
-            log.info("%s: %s profile: %s", spec.name, choice.source, choice.why)
-            spec = choice.apply(spec, device)
-            threads = choice.profile.threads or self.threads
-            loader = self._loader(kind)
-            runtime = await asyncio.to_thread(loader, spec, device, threads)
-        except Exception as exc:  # one bad model must not take the fleet down
-            log.exception("model %s failed to load", spec.name)
-            self.failed[spec.name] = f"{type(exc).__name__}: {exc}"
-            return
+        choice = await asyncio.to_thread(self.choose_profile, spec, device)
+        # Only the models loaded at start are tuned in the background: one loaded on
+        # demand serves on what it has (a later start, or `flotilla tune`, tunes it).
+        starting = self._task is not None and not self._task.done()
+        self.choices[name] = self._queue_tune(spec, device, choice) if starting else choice
+        log.info("%s: %s profile: %s", name, choice.source, choice.why)
+        spec = choice.apply(spec, device)
+        threads = choice.profile.threads or self.threads
+        runtime = await asyncio.to_thread(self._loader(kind), spec, device, threads)
+        if spec.load == "on_demand" and kind.warm_up is not None:
+            await asyncio.to_thread(kind.warm_up, runtime)
         engine = self.engines.get(kind.engine)
         if engine is None:
             context = EngineContext(self.queue, self.turns, device, self.adapters, self.options)
             engine = self.engines[kind.engine] = kind.make_engine(context)
         await engine.serve(spec, runtime)
-        self.served[spec.name] = engine
-        log.info("loaded %s on %s: %s", spec.name, device, getattr(runtime, "info", ""))
+        self.served[name] = engine
+        log.info("loaded %s on %s: %s", name, device, getattr(runtime, "info", ""))
+
+    async def _unload_model(self, name: str) -> None:
+        engine = self.served.pop(name)
+        if not isinstance(engine, Unloading):  # _busy() keeps such models resident
+            raise TypeError(f"the engine serving {name!r} cannot unload a model")
+        await engine.unserve(name)
+
+    def _busy(self, name: str) -> bool:
+        """Jobs in hand or waiting for ``name``; a model on an engine that cannot unload
+        one counts as busy, so it is never evicted."""
+        engine = self.served.get(name)
+        if not isinstance(engine, Unloading):
+            return True
+        return engine.in_hand(name) > 0 or self.backlog()[name] > 0
+
+    async def _refuse(self, name: str, error: FlotillaError) -> None:
+        """Answer every job waiting for ``name`` with ``error``: it will not load in time."""
+        while jobs := await self.queue.pull([name], 1 << 30, 0.0):
+            for job in jobs:
+                await self.queue.complete(job.id, error)
+
+    # -- models joining and leaving (FleetAdmin) -----------------------------------
+
+    async def add_model(self, spec: ModelSpec) -> None:
+        self.fleet.add(spec)  # ValueError for a name taken: nothing changes
+        self._track(spec)
+        if spec.load == "start" and self._device is not None:
+            self.residents.records[spec.name].on_demand = True  # it may load again later
+            self._adding.add(asyncio.create_task(self.residents.load(spec.name)))
+            self._adding = {task for task in self._adding if not task.done()}
+
+    async def remove_model(self, name: str) -> None:
+        self.fleet.remove(name)  # from now on requests for it are 404s
+        await asyncio.gather(*self.residents.loading([name]), return_exceptions=True)
+        waited = 0.0
+        while name in self.served and self._busy_with_jobs(name) and waited < DRAIN_WAIT_S:
+            await asyncio.sleep(DRAIN_POLL_S)
+            waited += DRAIN_POLL_S
+        if waited >= DRAIN_WAIT_S:
+            log.warning("%s: still had jobs after %.0f s; unloading it", name, DRAIN_WAIT_S)
+        await self.residents.evict(name, "as it left the fleet")
+        self.residents.forget(name)
+        self.choices.pop(name, None)
+
+    def _busy_with_jobs(self, name: str) -> bool:
+        engine = self.served.get(name)
+        held = engine.in_hand(name) if isinstance(engine, Unloading) else 0
+        return held > 0 or self.backlog()[name] > 0
 
     # -- tuning in the background ----------------------------------------------
 

@@ -4,10 +4,11 @@ environment variables, which override defaults."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -32,6 +33,9 @@ from flotilla.flags import (
 from flotilla.lora_cli import lora_app
 from flotilla.settings import Settings
 from flotilla.signals import exit_cleanly_until_running
+
+if TYPE_CHECKING:
+    from flotilla.admin_client import AdminClient
 
 app = typer.Typer(help="Serve fleets of small models.", no_args_is_help=True, add_completion=False)
 
@@ -211,7 +215,8 @@ def _check_url(url: str) -> None:
 
 
 models_app = typer.Typer(
-    help="The fleet's models: list them (no subcommand), or import packaged weights.",
+    help="The fleet's models: list the fleet file (no subcommand), import packaged weights, "
+    "or add, remove and list the models of a running server (--server).",
     add_completion=False,
 )
 app.add_typer(models_app, name="models")
@@ -242,6 +247,106 @@ def models(
             f"{spec.name}\t{spec.task}\t{spec.source.describe()}\t"
             f"max_tokens={spec.max_tokens}{prompts}{aliases}"
         )
+
+
+ServerUrl = Annotated[
+    str,
+    typer.Option(
+        "--server",
+        help="The flotilla server (http(s)://HOST[:PORT]) whose admin API to call; it "
+        "must run with --admin-keys.",
+    ),
+]
+# The admin API's key is the first of --admin-keys, as `ingest --server` sends the first
+# of --api-keys: one environment configures the server and the commands that call it.
+ADMIN_CLIENT = frozenset({"admin_keys"})
+
+
+def _admin(settings: Settings, server: str) -> AdminClient:
+    from flotilla.admin_client import AdminClient
+
+    _check_url(server)
+    keys = settings.gateway.admin_keys
+    return AdminClient(server, keys[0] if keys else None)
+
+
+@models_app.command("add")
+@settings_flags(ADMIN_CLIENT)
+def models_add(
+    settings: Settings,
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="YAML mapping each model's name to its entry, as the fleet file's 'models:' "
+            "does (one or several).",
+            exists=True,
+            dir_okay=False,
+        ),
+    ],
+    server: ServerUrl,
+) -> None:
+    """Add the file's models to a running server, in order: requests may name each at
+    once. Relative adapter folders are read beside FILE, as in the fleet file. The server
+    says whether the change is kept (--fleet-state) or lasts until it stops."""
+    from flotilla.admin_client import read_entries
+
+    added: list[str] = []
+    with _refusals(lambda: added), _admin(settings, server) as client:
+        for name, entry in read_entries(file).items():
+            answer = client.add(name, entry)
+            added.append(name)
+            typer.echo(f"added {name} ({answer['kept']})")
+
+
+@models_app.command("remove")
+@settings_flags(ADMIN_CLIENT)
+def models_remove(
+    settings: Settings,
+    name: Annotated[str, typer.Argument(help="The model's name (not an alias).")],
+    server: ServerUrl,
+) -> None:
+    """Remove a model from a running server: new requests for it get 404 at once; this
+    returns once the requests already queued or running for it have finished and it is
+    unloaded."""
+    with _refusals(), _admin(settings, server) as client:
+        answer = client.remove(name)
+    typer.echo(f"removed {name} ({answer['kept']})")
+
+
+@models_app.command("list")
+@settings_flags(ADMIN_CLIENT)
+def models_list(
+    settings: Settings,
+    server: ServerUrl,
+    as_json: Annotated[bool, typer.Option("--json", help="The server's answer as it is.")] = False,
+) -> None:
+    """List a running server's models: name, task, state, when it loads, source.
+    (`flotilla models` without a subcommand lists the fleet file.)"""
+    from flotilla.admin_client import rows
+
+    with _refusals(), _admin(settings, server) as client:
+        listing = client.list()
+    if as_json:
+        typer.echo(json.dumps(listing, indent=2))
+        return
+    for row in rows(listing):
+        typer.echo(row)
+    typer.echo(f"changes made while serving: {listing['kept']}")
+
+
+@contextlib.contextmanager
+def _refusals(done: Callable[[], list[str]] = list) -> Iterator[None]:
+    """A refusal from the server, or no server, as its message and exit status 1; what
+    ``done`` lists was changed before it."""
+    from flotilla.admin_client import AdminRefused
+
+    try:
+        yield
+    except AdminRefused as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        if changed := done():
+            typer.echo(f"(added before the error: {', '.join(changed)})", err=True)
+        raise typer.Exit(1) from None
 
 
 def _importer_names() -> str:

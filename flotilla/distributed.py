@@ -82,7 +82,8 @@ async def run_worker(
     finish the jobs in hand and hand back the rest. With --topic, also ingest this
     worker's share of the topic, online requests first (``flotilla.worker_ingest``)."""
     queue = transport(settings)
-    fleet = wiring.configured_fleet(settings)
+    # A worker hosts its whole fleet: loading on demand is `flotilla serve`'s.
+    fleet = wiring.configured_fleet(settings).loaded_at_start()
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     puller = queue.puller(settings, worker_id)
     bulk = WorkerIngest(settings, puller, loader) if settings.ingest.topic else None

@@ -251,9 +251,9 @@ def settings_flags(
             try:
                 func(settings, **kwargs)
             except FleetError as exc:  # a missing or malformed fleet file: a usage error
-                raise typer.BadParameter(
-                    exc.message, param_hint="'--fleet' / FLOTILLA_FLEET"
-                ) from exc
+                # The fleet-state file's errors name their own setting.
+                hint = getattr(exc, "param_hint", "'--fleet' / FLOTILLA_FLEET")
+                raise typer.BadParameter(exc.message, param_hint=hint) from exc
 
         # The summary on one line: Typer's command lists keep its line breaks.
         summary, _, rest = inspect.cleandoc(func.__doc__ or "").partition("\n\n")

@@ -1,7 +1,9 @@
 """`flotilla serve`: one process with the gateway, the in-process queue and a worker
 on this device, the vector store for search, and, when --kafka and --topic are set,
 Kafka ingestion feeding the same worker: supervised, so a failed ingest loop restarts
-with backoff while the API keeps serving, and /ready and /metrics say so."""
+with backoff while the API keeps serving, and /ready and /metrics say so. With
+--admin-keys, models are added and removed while it serves (``gateway.admin``), and with
+--fleet-state those changes are kept for the next start (``flotilla.fleet_state``)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from flotilla import wiring
+from flotilla.fleet_state import FleetStateFile, KeptFleetChanges
 from flotilla.settings import Settings
 from gateway.app import create_app
 
@@ -20,7 +23,8 @@ log = logging.getLogger(__name__)
 
 
 def build_app(settings: Settings) -> FastAPI:
-    stack = wiring.local_stack(settings, serving_url=wiring.server_url(settings))
+    kept = None if settings.fleet_state is None else FleetStateFile(settings.fleet_state)
+    stack = wiring.local_stack(settings, serving_url=wiring.server_url(settings), kept=kept)
     host = stack.host
     ingest = wiring.kafka_ingest(settings, stack.core)
 
@@ -53,6 +57,7 @@ def build_app(settings: Settings) -> FastAPI:
         adapters=stack.adapters,
         ingest=stack.core,
         ingest_health=ingest,
+        admin=KeptFleetChanges(host, kept, wiring.imports_cached(settings)),
     )
     app.state.host = host
     return app

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 import uvicorn
@@ -23,7 +23,7 @@ from fastapi import FastAPI
 
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import ModelNotFound
-from embedder.core.fleet import Fleet
+from embedder.core.fleet import Fleet, FleetView, LiveFleet, ModelSpec
 from embedder.core.jobs import Task, split_model
 from embedder.host import LocalTuning, ModelHost
 from embedder.queue import JobPuller
@@ -36,6 +36,7 @@ from embedder.tuned import load_tuned
 from embedder.tuning.background import tune_in_child
 from embedder.tuning.cache import cache_file
 from flotilla import __version__
+from flotilla.fleet_state import FleetStateFile
 from flotilla.http_server import server_config
 from flotilla.logs import quiet_repeats
 from flotilla.settings import Settings
@@ -51,11 +52,26 @@ from ingest.store import CollectionNotFound, VectorStore, open_store
 from ingest.supervisor import IngestSupervisor
 
 
-def configured_fleet(settings: Settings) -> Fleet:
-    return load_fleet(settings.fleet).with_model_cache(settings.model_cache_dir)
+def configured_fleet(settings: Settings, kept: FleetStateFile | None = None) -> Fleet:
+    """The fleet file's models, imported ones written under --model-cache-dir; with
+    ``kept`` (`flotilla serve --fleet-state`), the changes made while serving applied."""
+    fleet = load_fleet(settings.fleet)
+    if kept is not None:
+        fleet = kept.apply(fleet)
+    return fleet.with_model_cache(settings.model_cache_dir)
 
 
-def adapter_catalog(settings: Settings, fleet: Fleet) -> AdapterCatalog:
+def imports_cached(settings: Settings) -> Callable[[ModelSpec], ModelSpec]:
+    """What ``configured_fleet`` does to each entry, for one added while serving."""
+
+    def prepare(spec: ModelSpec) -> ModelSpec:
+        alone = Fleet.model_validate({"models": {spec.name: spec}})
+        return alone.with_model_cache(settings.model_cache_dir).models[spec.name]
+
+    return prepare
+
+
+def adapter_catalog(settings: Settings, fleet: FleetView) -> AdapterCatalog:
     return AdapterCatalog(fleet, settings.adapters_root)
 
 
@@ -109,7 +125,7 @@ def ingest_models(settings: Settings) -> list[str]:
     return [embedding] if reader is None or reader == embedding else [embedding, reader]
 
 
-def ocr_model(settings: Settings, fleet: Fleet) -> str | None:
+def ocr_model(settings: Settings, fleet: FleetView) -> str | None:
     """The model that reads ingested images and PDFs: --ingest-ocr-model, else the fleet's
     first OCR model; None when the fleet has none."""
     if settings.ingest.ocr_model is None:
@@ -127,7 +143,7 @@ def ocr_model(settings: Settings, fleet: Fleet) -> str | None:
     return spec.name
 
 
-def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> RecordRules:
+def record_rules(settings: Settings, fleet: FleetView, adapters: AdapterCatalog) -> RecordRules:
     def resolve(name: str) -> str | None:
         """A model name, alias or 'model:adapter' -> its canonical form; None if unknown."""
         base, adapter = split_model(name)
@@ -161,7 +177,7 @@ def record_rules(settings: Settings, fleet: Fleet, adapters: AdapterCatalog) -> 
 
 def model_host(
     settings: Settings,
-    fleet: Fleet,
+    fleet: Fleet | LiveFleet,
     queue: JobPuller,
     adapters: AdapterCatalog,
     loader: Loader | None = None,
@@ -181,6 +197,8 @@ def model_host(
         adapter_models=adapter_models,
         # A loader of its own (the emulated runtime, a test's) is not what a tune times.
         tuning=local_tuning(settings) if loader is None else None,
+        memory_budget_mb=settings.memory_budget_mb,
+        backlog=queue.depth if isinstance(queue, InProcessQueue) else None,
     )
 
 
@@ -196,7 +214,7 @@ class LocalStack:
     """One machine's worker side: the fleet on this device behind an in-process queue,
     and the ingest core that writes what it embeds into the store."""
 
-    fleet: Fleet
+    fleet: LiveFleet  # shared by the host, the adapter catalog and the gateway
     adapters: AdapterCatalog
     queue: InProcessQueue
     host: ModelHost
@@ -212,15 +230,21 @@ def local_stack(
     serving_url: str | None = None,
     loader: Loader | None = None,
     with_adapters: Collection[str] = (),
+    kept: FleetStateFile | None = None,
+    at_start: bool = False,
 ) -> LocalStack:
     """Built, not started: enter ``host`` and ``store`` to run it (``running_stack``).
     ``models`` (names, aliases or 'model:adapter') cuts the fleet to what a command
     uses, the first becoming the default; every model of the fleet when None. The base
     of a 'model:adapter', and each model of ``with_adapters``, runs on a runtime that
-    takes adapters."""
-    fleet = configured_fleet(settings)
+    takes adapters. ``kept``: the changes made while serving, applied at start;
+    ``at_start``: every model loaded at start, on-demand ones too (a worker's)."""
+    configured = configured_fleet(settings, kept)
+    if at_start:
+        configured = configured.loaded_at_start()
     if models is not None:
-        fleet = fleet.only([split_model(name)[0] for name in models])
+        configured = configured.only([split_model(name)[0] for name in models])
+    fleet = LiveFleet(configured)
     wanted = [*with_adapters, *(split_model(n)[0] for n in models or () if split_model(n)[1])]
     adapter_models = {fleet.get(name).name for name in wanted}
     adapters = adapter_catalog(settings, fleet)
@@ -274,7 +298,7 @@ async def running_stack(
         async with stack.host:
             if not await unless_stopped(stack.host.wait_ready(), stop or asyncio.Event()):
                 raise Stopped
-            if not stack.host.served:
+            if set(stack.host.failed) == set(stack.fleet.models):
                 raise SystemExit(f"no model could be loaded: {stack.host.failed}")
             yield stack
 

@@ -31,7 +31,7 @@ class WorkerIngest:
 
     def __init__(self, settings: Settings, shared: JobPuller, loader: Loader | None) -> None:
         self.settings = settings
-        self.stack = wiring.local_stack(settings, loader=loader)
+        self.stack = wiring.local_stack(settings, loader=loader, at_start=True)
         ingest = wiring.kafka_ingest(settings, self.stack.core)
         if ingest is None:
             raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")

@@ -271,6 +271,46 @@ class Readiness(BaseModel):
     )
 
 
+# -- the admin API ------------------------------------------------------------------------
+
+
+class AdminModel(BaseModel):
+    name: str
+    task: str
+    aliases: list[str]
+    load: Literal["start", "on_demand"]
+    pinned: bool = Field(description="Never evicted to make room for another model.")
+    state: ModelState
+    details: dict[str, Any] = Field(
+        description="What the host says of it: its runtime and profile, its residency, or "
+        "why it failed to load."
+    )
+    entry: dict[str, Any] = Field(
+        description="Its fleet entry, every field given (defaults included), as the fleet "
+        "file would hold it under its name."
+    )
+
+
+class AdminModels(BaseModel):
+    object: Literal["list"]
+    kept: str = Field(description="Where changes made through the admin API are kept.")
+    data: list[AdminModel]
+
+
+class AdminModelAdded(BaseModel):
+    name: str
+    entry: dict[str, Any] = Field(description="The entry as the server parsed it.")
+    kept: str = Field(
+        description="'kept in FILE' with --fleet-state; else the change lasts until the "
+        "server stops."
+    )
+
+
+class AdminModelRemoved(BaseModel):
+    name: str
+    kept: str
+
+
 # -- errors, in each route's shape ---------------------------------------------------------
 
 

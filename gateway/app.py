@@ -12,11 +12,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from embedder.core.adapters import AdapterCatalog
-from embedder.core.fleet import FleetView
+from embedder.core.fleet import FleetAdmin, FleetView
 from embedder.core.jobs import ModelStates, Task
 from embedder.queue import JobSubmitter
 from embedder.tasks.registry import routes
 from gateway import handlers, metrics
+from gateway.admin import add_admin_routes
 from gateway.answers import IngestReadiness, Readiness
 from gateway.config import GatewayConfig
 from gateway.documents import add_document_routes
@@ -52,7 +53,10 @@ def create_app(
     adapters: AdapterCatalog | None = None,
     ingest: IngestCore | None = None,
     ingest_health: IngestHealth | None = None,
+    admin: FleetAdmin | None = None,
 ) -> FastAPI:
+    """The API over ``fleet`` and ``queue``; with ``admin``, the admin API that adds and
+    removes models (``gateway.admin``), open to --admin-keys."""
     app = FastAPI(title="flotilla", version=config.version, lifespan=lifespan)  # type: ignore[arg-type]
     gateway = Gateway(config, fleet, queue, states, adapters=adapters)
     app.state.gateway = gateway
@@ -63,6 +67,8 @@ def create_app(
         _add_search_route(app, gateway, store, docs)
     if ingest is not None:  # the process that owns the store takes documents for it
         add_document_routes(app, gateway, ingest, docs)
+    if admin is not None:
+        add_admin_routes(app, gateway, admin, docs)
     _add_model_list(app, fleet, states, gateway.adapters)
     _add_probes(app, fleet, states, ingest_health)
     _add_metrics(app, fleet, queue)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from embedder.tasks.ocr.api import OcrLimits
 
@@ -62,6 +62,15 @@ class GatewayLimits(BaseModel):
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+    @model_validator(mode="after")
+    def _admin_keys_apart(self) -> GatewayLimits:
+        # A key in both would let every client that holds it change the fleet.
+        if set(self.api_keys) & set(self.admin_keys):
+            raise ValueError(
+                "a key is in both --api-keys and --admin-keys: give the admin API keys of its own"
+            )
+        return self
 
 
 @dataclass(frozen=True, slots=True)

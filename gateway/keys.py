@@ -1,4 +1,5 @@
-"""The one place a caller's key is checked against the accepted ones (``--api-keys``).
+"""The one place a caller's key is checked against the accepted ones (``--api-keys``, and
+the admin API's ``--admin-keys``).
 
 Compared in constant time: an ordinary ``==`` stops at the first differing byte, so how
 long a refusal takes would tell an attacker how much of a key they have guessed. Each
@@ -21,6 +22,12 @@ def known_key(token: str, keys: Iterable[str]) -> bool:
     for key in keys:
         found |= hmac.compare_digest(given, _digest(key))
     return found and bool(token)
+
+
+def bearer_token(authorization: str) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header; empty for any other."""
+    scheme, _, token = authorization.partition(" ")
+    return token if scheme.lower() == "bearer" else ""
 
 
 def _digest(key: str) -> bytes:

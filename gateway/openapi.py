@@ -19,10 +19,11 @@ from gateway.errors import error_shape
 from gateway.schemas import Bodies
 
 REF = "#/components/schemas/{model}"
+Errors = dict[int, str]  # status -> when a route answers it
 
 # What a route that takes a body can answer besides 200, and when (docs/reference/api.md,
 # 'Errors and limits').
-BODY_ERRORS: dict[int, str] = {
+BODY_ERRORS: Errors = {
     400: "The model cannot do this route's task (embedding with a reranker), or a prompt "
     "plus max_tokens over a generation model's context window (the message says both).",
     401: "--api-keys is set and the bearer token is missing or unknown.",
@@ -48,8 +49,11 @@ class ApiDocs:
     def __init__(self) -> None:
         self.models: dict[str, type[BaseModel]] = {}
 
-    def route(self, path: str, bodies: Bodies) -> dict[str, Any]:
-        """``openapi_extra`` and ``responses`` for the route at ``path``."""
+    def route(
+        self, path: str, bodies: Bodies, *, status: int = 200, errors: Errors = BODY_ERRORS
+    ) -> dict[str, Any]:
+        """``openapi_extra`` and ``responses`` for the route at ``path``: it answers
+        ``status`` with the body, or one of ``errors``."""
         name = bodies.request.__name__
         self.models[name] = bodies.request
         body = {"schema": {"$ref": REF.format(model=name)}}
@@ -57,17 +61,20 @@ class ApiDocs:
             "openapi_extra": {
                 "requestBody": {"required": True, "content": {"application/json": body}}
             },
-            **self.answers(path, bodies.response),
+            **self.answers(path, bodies.response, status=status, errors=errors),
         }
 
     @staticmethod
-    def answers(path: str, response: object) -> dict[str, Any]:
-        """``responses`` alone, for a route that takes no body: its 200 and its errors."""
+    def answers(
+        path: str, response: object, *, status: int = 200, errors: Errors = BODY_ERRORS
+    ) -> dict[str, Any]:
+        """``responses`` alone, for a route that takes no body: its answer and its errors."""
         error = error_shape(path).model
-        errors = {
-            status: {"model": error, "description": why} for status, why in BODY_ERRORS.items()
+        failed = {code: {"model": error, "description": why} for code, why in errors.items()}
+        return {
+            "status_code": status,
+            "responses": {status: {"model": response, "description": "The answer."}, **failed},
         }
-        return {"responses": {200: {"model": response, "description": "The answer."}, **errors}}
 
     def install(self, app: FastAPI) -> None:
         """Make ``app`` serve a document whose components hold every routed model."""

@@ -284,6 +284,34 @@ class DocumentsDelete(BaseModel):
     ids: list[str] = Field(min_length=1)
 
 
+class AdminModelEntry(BaseModel):
+    """A fleet entry and its name: the fields an entry of the fleet file takes under its
+    name (docs/guide/fleet.md), which depend on its task kind."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "legal-embed",
+                    "source": {"path": "/models/legal-embed"},
+                    "max_tokens": 512,
+                    "load": "on_demand",
+                }
+            ]
+        },
+    )
+
+    name: str = Field(min_length=1, description="The model's name in requests.")
+    task: str = Field(
+        default="embed", description="The task kind (embed, rerank, generate, ocr, ...)."
+    )
+    source: dict[str, Any] = Field(
+        description="Where the weights live, as the server's machine sees them: 'path', "
+        "'package' or 'import'."
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Bodies:
     """What a route takes and what it answers with 200."""
@@ -311,3 +339,4 @@ DOCUMENTED: dict[str, Bodies] = {
 SEARCH = Bodies(SearchRequest, answers.SearchResponse)
 UPSERT = Bodies(DocumentsUpsert, answers.DocumentsUpserted)
 DELETE = Bodies(DocumentsDelete, answers.DocumentsDeleted)
+ADMIN_ADD = Bodies(AdminModelEntry, answers.AdminModelAdded)

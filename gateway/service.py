@@ -34,7 +34,7 @@ from gateway.admission import Admission
 from gateway.annotate import annotate
 from gateway.config import GatewayConfig
 from gateway.errors import BodyTimeout, ClientGone
-from gateway.keys import known_key
+from gateway.keys import bearer_token, known_key
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,7 @@ class Gateway:
         keys = self.config.limits.api_keys
         if not keys:
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not known_key(token, keys):
+        if not known_key(bearer_token(request.headers.get("authorization", "")), keys):
             raise Unauthorized("missing or unknown API key: send 'Authorization: Bearer <key>'")
 
     async def read_body(self, request: Request) -> bytes:

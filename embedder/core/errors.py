@@ -48,6 +48,20 @@ class ModelNotFound(FlotillaError):
     code = "model_not_found"
 
 
+class FleetConflict(FlotillaError):
+    """A change to a running server's fleet that the fleet's rules refuse (the admin
+    API): removing its last model, say. The message says what to do instead."""
+
+    http_status = 409
+    code = "fleet_conflict"
+
+
+class ModelExists(FleetConflict):
+    """A model added under a name or alias that a model of the fleet already uses."""
+
+    code = "model_exists"
+
+
 class AdapterNotFound(ModelNotFound):
     code = "adapter_not_found"
 
@@ -92,6 +106,13 @@ class NotReady(FlotillaError):
 
     def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class NoRoom(NotReady):
+    """A model could not load in time: the device's memory budget is held by models that
+    are pinned or have work in hand."""
+
+    code = "no_room"
 
 
 class AdapterBuilding(NotReady):

@@ -281,6 +281,17 @@ class Fleet(BaseModel):
             picked.setdefault(spec.name, spec)
         return self.model_copy(update={"models": picked})
 
+    def loaded_at_start(self) -> Fleet:
+        """This fleet with every model loaded at start (and pinned as the entry says): for
+        a process that hosts its whole fleet (``flotilla worker``)."""
+        models = {
+            name: spec
+            if spec.load == "start"
+            else spec.model_copy(update={"load": "start", "pin": spec.pinned})
+            for name, spec in self.models.items()
+        }
+        return self.model_copy(update={"models": models})
+
     def with_model_cache(self, folder: Path | None) -> Fleet:
         """This fleet with imported models written under ``folder`` (each importer in its
         own subfolder), unless a source names its own 'path'. None keeps the default."""

@@ -25,6 +25,8 @@ class ModelLoop(Protocol):
 
     def running(self) -> bool: ...
 
+    def in_hand(self) -> int: ...
+
 
 class OneLoopPerModel:
     def __init__(self, make_loop: Callable[[ModelSpec, Any], ModelLoop]) -> None:
@@ -43,6 +45,15 @@ class OneLoopPerModel:
     def healthy(self, model: str) -> bool:
         loop = self.loops.get(model)
         return loop is not None and loop.running()
+
+    def in_hand(self, model: str) -> int:
+        loop = self.loops.get(model)
+        return 0 if loop is None else loop.in_hand()
+
+    async def unserve(self, model: str) -> None:
+        """Stop the model's loop; the host unloads a model only with nothing in hand, so
+        nothing is failed by it."""
+        await self.loops.pop(model).stop()
 
     async def stop(self) -> None:
         loops, self.loops = list(self.loops.values()), {}

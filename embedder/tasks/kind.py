@@ -57,6 +57,19 @@ class Switching(Protocol):
         waits for it."""
 
 
+@runtime_checkable
+class Unloading(Protocol):
+    """An engine that can stop serving one model and let its runtime go (an eviction, a
+    model removed while serving). A model on an engine without it is never evicted."""
+
+    def in_hand(self, model: str) -> int:
+        """Jobs of ``model`` taken and not yet answered."""
+
+    async def unserve(self, model: str) -> None:
+        """Stop pulling for ``model``; return once its batches in flight are delivered and
+        the engine holds no reference to its runtime."""
+
+
 @dataclass(frozen=True)
 class EngineContext:
     """What an engine is made with: the queue it pulls from, the device's turns it shares
@@ -91,6 +104,10 @@ class TaskKind:
     # `--untuned quick`: a brief tune at load for a model with no tuned profile; a kind
     # that has one is also tuned in the background (`--untuned background`)
     quick_tune: QuickTune | None = None
+    # One small pass on a loaded runtime (blocking), run before an on-demand model serves:
+    # its first request does not pay for kernel selection, and its memory is measured with
+    # its weights touched (mapped weight files count only once read).
+    warm_up: Callable[[Any], None] | None = None
 
     @property
     def answering(self) -> tuple[str, ...]:

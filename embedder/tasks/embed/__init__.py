@@ -34,6 +34,12 @@ def quick_tune(
     return quick_choice(entry_as(spec, EncoderSpec), device, loader, threads, fingerprint)
 
 
+def warm_up(runtime: Any) -> None:
+    from embedder.tasks.embed.engine import warm_up as run_once
+
+    run_once(runtime)
+
+
 def make_engine(context: EngineContext) -> Engine:
     from embedder.tasks.embed.engine import EncoderEngine
 
@@ -57,4 +63,5 @@ KIND = TaskKind(
     engine=ENGINE,
     make_engine=make_engine,
     quick_tune=quick_tune,
+    warm_up=warm_up,
 )

@@ -101,9 +101,23 @@ class EncoderEngine:
         self.loaded[spec.name] = model
         if worker is None:
             return
-        old = worker.replace_model(model)
+        await self._released(worker, worker.replace_model(model))
+
+    def in_hand(self, model: str) -> int:
+        return 0 if self.worker is None else self.worker.in_hand(model)
+
+    async def unserve(self, model: str) -> None:
+        loaded = self.loaded.pop(model)
+        worker = self.worker
+        if worker is None:
+            return
+        worker.remove_model(model)
+        await self._released(worker, loaded)
+
+    async def _released(self, worker: Worker, model: LoadedModel) -> None:
+        """Wait until no batch prepared with ``model`` is still on its way through."""
         waited = 0.0
-        while worker.holds(old) and worker.running() and waited < RELEASE_WAIT_S:
+        while worker.holds(model) and worker.running() and waited < RELEASE_WAIT_S:
             await asyncio.sleep(RELEASE_POLL_S)
             waited += RELEASE_POLL_S
 

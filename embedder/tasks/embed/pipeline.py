@@ -193,6 +193,7 @@ class Handoff:
     def __init__(self) -> None:
         self._wanted = asyncio.Event()
         self._batches: asyncio.Queue[Batch] = asyncio.Queue(maxsize=1)
+        self._given: Batch = ()  # formed, not yet taken
 
     def ask(self) -> None:
         """The runner will take a batch soon: the former may form it now."""
@@ -201,20 +202,28 @@ class Handoff:
     async def take(self) -> Batch:
         if self._batches.empty():
             self.ask()
-        return await self._batches.get()
+        batch = await self._batches.get()
+        self._given = ()
+        return batch
 
     async def wanted(self) -> None:
         await self._wanted.wait()
 
     async def give(self, batch: Batch) -> None:
         self._wanted.clear()
+        self._given = batch
         await self._batches.put(batch)
 
     def waiting(self) -> int:
         """Batches formed but not yet taken."""
         return self._batches.qsize()
 
+    def peek(self) -> Batch:
+        """The batch formed and not yet taken, if any."""
+        return self._given
+
     def drain(self) -> list[Job]:
+        self._given = ()
         jobs: list[Job] = []
         while not self._batches.empty():
             jobs.extend(self._batches.get_nowait())
@@ -307,35 +316,38 @@ class Pipeline:
         """The runner loop: take each formed batch from ``ready`` and see it through."""
         try:
             while True:
-                staged, self._ahead = self._ahead or _Staged(await ready.take()), None
-                self._running, self._current = staged.jobs, staged
-                self._busy_until = self.clock() + self._expected_s(staged.jobs)
-                prepared = await self._prepared(staged)
-                if prepared is None or staged.model is None:
-                    self._current = None
-                    continue
-                model = staged.model
-                started, now = time.perf_counter(), self.clock()
-                running = [job for job, _, _ in prepared.items]
-                self._busy_until = now + self._expected_s(running)
-                forward = asyncio.ensure_future(self._forward(prepared, model))
-                await self._take_ahead(ready, forward, started, model.spec.name, estimated(running))
-                try:
-                    forwarded = await forward
-                except Exception as exc:  # forward_batch classifies model errors: a bug
-                    log.exception("batch on %s crashed", model.spec.name)
-                    error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
-                    forwarded = Forwarded(prepared, None, error, 0, 0.0)
-                if forwarded.waiting and self.put_back is not None:
-                    self._park(forwarded.waiting)
-                    forwarded = dataclasses.replace(forwarded, waiting=())
-                if forwarded.tokens:  # a pass that failed says nothing of the pace
-                    self.pace.timed_device(
-                        model.spec.name, forwarded.inference_s, estimated(running)
-                    )
-                await self._finish_later(model, forwarded, now)
+                await self._run_next(ready)
         finally:
             await cancel_and_wait(self._finisher)
+
+    async def _run_next(self, ready: Handoff) -> None:
+        """One batch, in a frame of its own: nothing of it (its model's runtime included,
+        which an eviction must free) outlives it in the loop's locals."""
+        staged, self._ahead = self._ahead or _Staged(await ready.take()), None
+        self._running, self._current = staged.jobs, staged
+        self._busy_until = self.clock() + self._expected_s(staged.jobs)
+        prepared = await self._prepared(staged)
+        if prepared is None or staged.model is None:
+            self._current = None
+            return
+        model = staged.model
+        started, now = time.perf_counter(), self.clock()
+        running = [job for job, _, _ in prepared.items]
+        self._busy_until = now + self._expected_s(running)
+        forward = asyncio.ensure_future(self._forward(prepared, model))
+        await self._take_ahead(ready, forward, started, model.spec.name, estimated(running))
+        try:
+            forwarded = await forward
+        except Exception as exc:  # forward_batch classifies model errors: a bug
+            log.exception("batch on %s crashed", model.spec.name)
+            error = InferenceFailed(f"the worker failed on this batch: {exc!r}")
+            forwarded = Forwarded(prepared, None, error, 0, 0.0)
+        if forwarded.waiting and self.put_back is not None:
+            self._park(forwarded.waiting)
+            forwarded = dataclasses.replace(forwarded, waiting=())
+        if forwarded.tokens:  # a pass that failed says nothing of the pace
+            self.pace.timed_device(model.spec.name, forwarded.inference_s, estimated(running))
+        await self._finish_later(model, forwarded, now)
 
     def _park(self, waiting: Sequence[tuple[Job, AdapterBuilding]]) -> None:
         """Hold jobs whose adapter is being built until the build ends, or the first of

@@ -86,6 +86,9 @@ class Worker(Lifecycle):
         for name, m in self.models.items():
             self._set_limits(name, m.limits)
         self._tasks: list[asyncio.Task[None]] = []
+        self._serving = asyncio.Event()  # set while the worker serves a model
+        if self.models:
+            self._serving.set()
         self._pending: list[Job] = []
         # Batches out of _pending but not delivered: stop() must fail these too.
         self._forming: tuple[Job, ...] = ()  # formed, not yet handed to the runner
@@ -129,6 +132,7 @@ class Worker(Lifecycle):
         name = model.spec.name
         self.models[name] = model
         self._set_limits(name, model.limits)
+        self._serving.set()
 
     def replace_model(self, model: LoadedModel) -> LoadedModel:
         """Serve ``model`` (already loaded under the same name, on another runtime) from
@@ -141,6 +145,29 @@ class Worker(Lifecycle):
         self._pipeline.pace.forget(name)  # the new runtime's cost is its own
         self._set_limits(name, model.limits)
         return old
+
+    def remove_model(self, name: str) -> LoadedModel:
+        """Stop serving ``name``: the next pull leaves its jobs in the queue, and any a pull
+        in flight catches go back (``_hand_back_unserved``). Returns the model; its batches
+        already prepared run to the end (``holds``)."""
+        model = self.models.pop(name)
+        self.limits.pop(name, None)
+        self._steering.pop(name, None)
+        self.capacity_tokens = max((lim.max_tokens for lim in self.limits.values()), default=0)
+        if not self.models:
+            self._serving.clear()
+        return model
+
+    def in_hand(self, name: str) -> int:
+        """Jobs of ``name`` this worker has pulled and not yet delivered."""
+        held = [
+            *self._pipeline.held(),
+            *self._forming,
+            *self._pending,
+            *self._handing_back,
+            *self._ready.peek(),
+        ]
+        return sum(1 for job in held if job.model == name)
 
     def holds(self, model: LoadedModel) -> bool:
         """Whether a batch prepared with ``model`` has yet to be delivered."""
@@ -185,6 +212,8 @@ class Worker(Lifecycle):
     async def _form_loop(self) -> None:
         while True:
             await self._ready.wanted()  # pull and form only for a runner about to take it
+            await self._serving.wait()  # every model evicted: nothing to pull or form
+            await self._hand_back_unserved()
             now = self.clock()
             # Nothing pending, formed or running: a lull, in which controllers relax. A long
             # batch in flight is not one (its latencies are still to come).
@@ -201,6 +230,7 @@ class Worker(Lifecycle):
                     self.queue, list(self.models), room, min(delay, IDLE_POLL_S)
                 )
                 self._pending.extend(pulled)
+                await self._hand_back_unserved()  # a model removed while the pull waited
                 if pulled:  # what this device would finish too late, a faster one may not
                     await self._hand_back_late(pulled, self.clock(), by_start=False)
                 continue
@@ -224,6 +254,19 @@ class Worker(Lifecycle):
                 self._note_formed(plan)
                 await self._ready.give(plan.batch)
             self._forming = ()
+
+    async def _hand_back_unserved(self) -> None:
+        """Jobs of a model removed while a pull was in flight go back to the queue, where
+        its next load (or another worker) finds them."""
+        unserved = [job for job in self._pending if job.model not in self.models]
+        if not unserved:
+            return
+        self._pending = [job for job in self._pending if job.model in self.models]
+        self._handing_back = unserved
+        try:
+            await self.queue.hand_back(unserved)
+        finally:
+            self._handing_back = []
 
     async def _hand_back_late(self, among: Sequence[Job], now: float, *, by_start: bool) -> None:
         """Hand back those of ``among`` (on their first delivery, not yet expired) that

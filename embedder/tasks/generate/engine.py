@@ -169,6 +169,9 @@ class GenerationEngine(Lifecycle):
         self._device.close()
         await fail_all(self.queue, jobs, DeadlineExceeded("the worker stopped"))
 
+    def in_hand(self) -> int:
+        return len(self.rows) + len(self.prefilling) + len(self.pulled)
+
     @property
     def active(self) -> list[Sequence]:
         return [*self.rows, *self.prefilling]

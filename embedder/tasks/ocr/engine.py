@@ -100,6 +100,9 @@ class OcrEngine(Lifecycle):
     def running(self) -> bool:
         return running(self._task)
 
+    def in_hand(self) -> int:
+        return len(self.held)
+
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel_and_wait(task)
@@ -124,7 +127,8 @@ class OcrEngine(Lifecycle):
 
     async def _pull(self) -> list[Job]:
         budget, most = self.profile.max_batch_tokens, self.profile.max_batch_requests
-        jobs = await pull_or_pause(self.queue, [self.name], budget, IDLE_POLL_S)
+        # Held as they come, so that stop() (an eviction) fails none of them silently.
+        jobs = self.held = await pull_or_pause(self.queue, [self.name], budget, IDLE_POLL_S)
         until = self.clock() + self.profile.max_wait_ms / 1e3
         while jobs and len(jobs) < most and (left := until - self.clock()) > 0:
             room = budget - sum(job.est_tokens for job in jobs)

@@ -25,4 +25,5 @@ KIND = TaskKind(
     make_engine=embed.make_engine,
     answered_by=("rerank", "embed"),
     quick_tune=embed.quick_tune,
+    warm_up=embed.warm_up,
 )

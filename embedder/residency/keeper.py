@@ -1,0 +1,293 @@
+"""Which models are resident on this device, within its memory budget.
+
+A model loads at start (``load: start``) or for the first request that names it
+(``load: on_demand``: ``demand``); requests that come while it loads wait for the same
+load in the queue. Loads and evictions run one at a time, so each measures the memory
+it adds or frees alone. Before a load, the least recently used models that are not
+pinned and have no job in hand or waiting are evicted until the model's expected size
+fits; if the budget is held by models in use, the load waits for one to fall idle, up
+to the last deadline of the requests that want it. A load that fails for memory evicts
+every idle model and tries once more; a model still over the budget after loading is
+unloaded and failed. A failed model answers 503 with the reason, and loads again on a
+request after ``FAILED_RETRY_S``; one that failed at start stays failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable
+
+from embedder.core.errors import FlotillaError, NoRoom, NotReady
+from embedder.core.fleet import DeviceKind
+from embedder.core.jobs import ModelState
+from embedder.residency.memory import MB, MemoryMeter, budget_bytes, meter_for
+from embedder.residency.records import Residency, held_bytes, victims
+from embedder.serving import metrics
+
+log = logging.getLogger(__name__)
+
+FAILED_RETRY_S = 30.0  # a failed on-demand model loads again on a request after this
+ROOM_POLL_S = 0.05  # how often a load waiting for memory looks for an idle model
+
+Load = Callable[[str], Awaitable[None]]  # load and serve a model; raises if it cannot
+Unload = Callable[[str], Awaitable[None]]  # stop serving a model and drop its runtime
+Refuse = Callable[[str, FlotillaError], Awaitable[None]]  # answer its queued jobs with
+
+
+class Residents:
+    def __init__(
+        self,
+        budget_mb: float,
+        load: Load,
+        unload: Unload,
+        busy: Callable[[str], bool],
+        refuse: Refuse,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.budget_mb = budget_mb
+        self.budget = 0  # bytes; set by ``attach`` once the device is known
+        self.meter: MemoryMeter | None = None
+        self.records: dict[str, Residency] = {}
+        self._load, self._unload, self._busy, self._refuse = load, unload, busy, refuse
+        self.clock = clock
+        self._lock = asyncio.Lock()  # one load or eviction at a time: each measured alone
+        self._loads: dict[str, asyncio.Task[None]] = {}  # on-demand loads under way
+        self._wanted_until: dict[str, float] = {}  # the last deadline waiting for a load
+
+    def attach(self, device: DeviceKind, meter: MemoryMeter | None = None) -> None:
+        self.meter = meter or meter_for(device)
+        self.budget = budget_bytes(self.budget_mb, device)
+        log.info("memory budget for the models on %s: %.0f MB", device, self.budget / MB)
+
+    def track(self, name: str, *, pinned: bool, on_demand: bool, estimate: int | None) -> None:
+        state: ModelState = "evicted" if on_demand else "loading"
+        self.records[name] = Residency(
+            name, pinned, on_demand, state=state, estimate_bytes=estimate
+        )
+
+    def forget(self, name: str) -> None:
+        self.records.pop(name, None)
+        metrics.MODEL_MEMORY_BYTES.labels(name).set(0)
+
+    def held(self) -> int:
+        return held_bytes(self.records.values())
+
+    # -- requests ---------------------------------------------------------------------
+
+    def demand(self, name: str, deadline: float) -> None:
+        """``LoadsOnDemand.demand`` for one model."""
+        record = self.records.get(name)
+        if record is None:
+            return
+        now = self.clock()
+        record.last_used = now
+        if record.state == "ready":
+            return
+        if record.state == "failed" and (
+            record.failed_at is None or now - record.failed_at < FAILED_RETRY_S
+        ):
+            retry = 60 if record.failed_at is None else FAILED_RETRY_S - (now - record.failed_at)
+            raise NotReady(
+                f"model {name!r} failed to load: {record.error}", retry_after_s=math.ceil(retry)
+            )
+        if record.state == "loading" and name not in self._loads:
+            raise NotReady(f"model {name!r} is still loading; retry shortly")
+        self._wanted_until[name] = max(self._wanted_until.get(name, 0.0), deadline)
+        if name not in self._loads:
+            self._loads[name] = asyncio.create_task(self._on_demand(record), name=f"load-{name}")
+        wait = self._expected_wait(record, now)
+        if wait is not None and now + wait > deadline:
+            raise NotReady(
+                f"model {name!r} is loading: it took {record.load_s:.1f} s last time, more than "
+                "this request's deadline leaves; retry after Retry-After, or send a longer "
+                "x-request-timeout-ms",
+                retry_after_s=max(1, math.ceil(wait)),
+            )
+
+    def _expected_wait(self, record: Residency, now: float) -> float | None:
+        """Seconds until ``record`` is resident by its last load's time; None if unknown."""
+        if record.load_s is None:
+            return None
+        if record.state == "loading" and record.loading_since is not None:
+            return max(record.load_s - (now - record.loading_since), 0.0)
+        return record.load_s
+
+    async def _on_demand(self, record: Residency) -> None:
+        try:
+            await self.load(record.name, waits=True)
+        finally:
+            self._loads.pop(record.name, None)
+            self._wanted_until.pop(record.name, None)
+
+    # -- loading --------------------------------------------------------------------
+
+    async def load(self, name: str, *, waits: bool = False) -> None:
+        """Make ``name`` resident; failures are kept in its record (and its queued jobs
+        answered with them), never raised. ``waits``: for memory held by models in use,
+        up to the last deadline of the requests that want it; else loaded regardless."""
+        record = self.records[name]
+        async with self._lock:
+            if record.state == "ready" or self.records.get(name) is not record:
+                return
+            record.state, record.loading_since, record.error = "loading", self.clock(), None
+            try:
+                await self._make_room(record, waits)
+                await self._load_retrying(record)
+                await self._fit(record)
+            except NoRoom as exc:
+                record.state, record.error = "evicted", exc.message
+                metrics.MODEL_LOADS.labels(name, "no_room").inc()
+                log.warning("%s: not loaded: %s", name, exc.message)
+                await self._refuse(name, exc)
+            except Exception as exc:
+                self._failed(record, exc)
+                error = NotReady(f"model {name!r} failed to load: {record.error}", retry_after_s=30)
+                await self._refuse(name, error)
+            finally:
+                record.loading_since = None
+
+    def _failed(self, record: Residency, exc: BaseException) -> None:
+        log.error("model %s failed to load", record.name, exc_info=exc)
+        record.state, record.error = "failed", f"{type(exc).__name__}: {exc}"
+        # A model that fails at start stays failed (as a fleet file's mistake would);
+        # one loaded on demand may have met a passing shortage, and tries again later.
+        record.failed_at = self.clock() if record.on_demand or record.loads else None
+        metrics.MODEL_LOADS.labels(record.name, "failed").inc()
+
+    async def _make_room(self, record: Residency, waits: bool) -> None:
+        while True:
+            chosen = victims(self.records.values(), 0, self.budget, self._busy, loading=record.name)
+            if chosen:
+                for name in chosen:
+                    await self._evict(name, f"to make room for {record.name}")
+                continue
+            if chosen == []:
+                return
+            if waits and record.expected_bytes > self.budget - self._pinned_bytes(record.name):
+                raise MemoryError(
+                    f"{record.name!r} needs {record.expected_bytes / MB:.0f} MB; the budget "
+                    f"({self.budget / MB:.0f} MB, --memory-budget-mb) leaves "
+                    f"{(self.budget - self._pinned_bytes(record.name)) / MB:.0f} MB beside the "
+                    "pinned models"
+                )
+            if not waits:
+                log.warning(
+                    "%s: loading past the memory budget (%.0f of %.0f MB held): the models "
+                    "resident are pinned or in use",
+                    record.name, self.held() / MB, self.budget / MB,
+                )  # fmt: skip
+                return
+            until = self._wanted_until.get(record.name, 0.0) - (record.load_s or 0.0)
+            if self.clock() >= until:
+                raise NoRoom(
+                    f"the memory budget ({self.budget / MB:.0f} MB, --memory-budget-mb) is "
+                    f"held by models in use or pinned; {record.name!r} "
+                    f"({record.expected_bytes / MB:.0f} MB) could not load in time: retry, "
+                    "or raise the budget",
+                    retry_after_s=5,
+                )
+            await asyncio.sleep(ROOM_POLL_S)
+
+    async def _load_retrying(self, record: Residency) -> None:
+        """Load once; on running out of memory, evict every idle model and try again."""
+        try:
+            await self._load_measured(record)
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
+            log.warning(
+                "%s: out of memory while loading; evicting idle models, retrying", record.name
+            )
+            for name in self._evictable(exclude=record.name):
+                await self._evict(name, f"after {record.name} ran out of memory")
+            await self._load_measured(record)
+
+    async def _load_measured(self, record: Residency) -> None:
+        assert self.meter is not None, "attach() the device first"
+        # Freed memory the allocator still holds would be reused by the load and hide it.
+        await asyncio.to_thread(self.meter.release)
+        before = self.meter.used()
+        started = time.perf_counter()
+        await self._load(record.name)
+        record.load_s = time.perf_counter() - started
+        record.memory_bytes = max(self.meter.used() - before, 0)
+        record.state, record.loads = "ready", record.loads + 1
+        metrics.MODEL_LOADS.labels(record.name, "loaded").inc()
+        metrics.MODEL_LOAD_SECONDS.labels(record.name).inc(record.load_s)
+        metrics.MODEL_MEMORY_BYTES.labels(record.name).set(record.memory_bytes)
+        log.info(
+            "%s: resident in %.1f s, %.0f MB (%.0f of %.0f MB held)",
+            record.name, record.load_s, record.memory_bytes / MB, self.held() / MB,
+            self.budget / MB,
+        )  # fmt: skip
+
+    async def _fit(self, record: Residency) -> None:
+        """Past the budget now that its real size is known: evict others, else unload it."""
+        chosen = victims(self.records.values(), 0, self.budget, self._busy, loading=record.name)
+        for name in chosen or ():
+            await self._evict(name, f"to make room for {record.name}")
+        if chosen is None and not record.pinned and record.on_demand:
+            size = record.expected_bytes
+            await self._evict(record.name, "it does not fit the budget")
+            raise MemoryError(
+                f"{record.name!r} holds {size / MB:.0f} MB; with the pinned and busy models "
+                f"the budget ({self.budget / MB:.0f} MB, --memory-budget-mb) has no room for it"
+            )
+
+    def _pinned_bytes(self, exclude: str) -> int:
+        """What the pinned models hold: memory no eviction can free."""
+        return held_bytes(r for r in self.records.values() if r.name != exclude and r.pinned)
+
+    def _evictable(self, *, exclude: str) -> list[str]:
+        return [
+            r.name
+            for r in self.records.values()
+            if r.state == "ready" and not r.pinned and r.name != exclude and not self._busy(r.name)
+        ]
+
+    async def _evict(self, name: str, why: str) -> None:
+        """Unload ``name`` and hand its memory back; a request that comes meanwhile finds
+        it evicted and loads it again."""
+        assert self.meter is not None
+        record = self.records[name]
+        record.state = "evicted"
+        before = self.meter.used()
+        await self._unload(name)
+        await asyncio.to_thread(self.meter.release)
+        record.evictions += 1
+        record.freed_bytes = before - self.meter.used()
+        metrics.MODEL_EVICTIONS.labels(name).inc()
+        metrics.MODEL_MEMORY_BYTES.labels(name).set(0)
+        log.info(
+            "%s: evicted %s (last used %s); %.0f MB freed",
+            name, why, _ago(record.last_used, self.clock()), record.freed_bytes / MB,
+        )  # fmt: skip
+
+    async def evict(self, name: str, why: str) -> None:
+        """Unload a resident model now (the admin API's removal), under the load lock."""
+        async with self._lock:
+            if self.records[name].state == "ready":
+                await self._evict(name, why)
+
+    async def stop(self) -> None:
+        loads = list(self._loads.values())
+        for task in loads:
+            task.cancel()
+        await asyncio.gather(*loads, return_exceptions=True)
+
+    def loading(self, names: Iterable[str]) -> list[asyncio.Task[None]]:
+        return [task for name in names if (task := self._loads.get(name)) is not None]
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A load that ran out of memory: the host's (MemoryError) or the card's (torch's
+    OutOfMemoryError, a RuntimeError whose message says so)."""
+    return isinstance(exc, MemoryError) or "out of memory" in str(exc).lower()
+
+
+def _ago(when: float | None, now: float) -> str:
+    return "never" if when is None else f"{now - when:.1f} s ago"

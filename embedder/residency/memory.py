@@ -1,0 +1,109 @@
+"""What the models hold on the device, measured: the process's resident set on a CPU,
+the allocator's bytes on CUDA; and the budget the fleet may use.
+
+A model's memory is what its load added (``used()`` after less before, loads one at a
+time), so the budget counts what models cost on this device with this runtime and
+precision, not what their files weigh. Freed memory is handed back (``release``): on a
+CPU glibc keeps freed heap pages in the process until ``malloc_trim`` returns them, so
+without it an evicted model would still count in the resident set; on CUDA torch's
+caching allocator keeps freed blocks until ``empty_cache``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+import os
+from pathlib import Path
+from typing import Protocol
+
+from embedder.core.fleet import DeviceKind
+
+log = logging.getLogger(__name__)
+
+MB = 1024 * 1024
+CPU_SHARE = 0.8  # of the memory available to processes, when no budget is set
+CUDA_SHARE = 0.9  # of the card's free memory, when no budget is set
+# Files whose size stands for a model's memory before it has loaded once (a first guess:
+# the measured size replaces it after its first load).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".onnx", ".gguf", ".pt", ".xml")
+
+
+class MemoryMeter(Protocol):
+    def used(self) -> int:
+        """Bytes this process holds on the device now."""
+
+    def release(self) -> None:
+        """Hand memory freed by an unloaded model back, so ``used`` shows it gone."""
+
+
+class CpuMemory:
+    """The process's resident set (``/proc/self/statm``)."""
+
+    def __init__(self) -> None:
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        name = ctypes.util.find_library("c")
+        libc = ctypes.CDLL(name) if name else None
+        self._trim = getattr(libc, "malloc_trim", None)  # glibc only
+
+    def used(self) -> int:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            return int(statm.read().split()[1]) * self._page
+
+    def release(self) -> None:
+        gc.collect()  # a model's modules hold reference cycles: they go with a pass
+        if self._trim is not None:
+            self._trim(0)
+
+
+class CudaMemory:
+    """torch's allocated bytes on the current CUDA device."""
+
+    def used(self) -> int:
+        import torch
+
+        return int(torch.cuda.memory_allocated())
+
+    def release(self) -> None:
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def meter_for(device: DeviceKind) -> MemoryMeter:
+    return CudaMemory() if device == "cuda" else CpuMemory()
+
+
+def budget_bytes(budget_mb: float, device: DeviceKind) -> int:
+    """``budget_mb`` in bytes; 0 takes a share of what the device has free now."""
+    if budget_mb > 0:
+        return int(budget_mb * MB)
+    if device == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return int(free * CUDA_SHARE)
+    return int(available_cpu_bytes() * CPU_SHARE)
+
+
+def available_cpu_bytes() -> int:
+    """MemAvailable of /proc/meminfo: what processes may still take without swapping."""
+    for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+        key, _, value = line.partition(":")
+        if key == "MemAvailable":
+            return int(value.split()[0]) * 1024
+    raise OSError("/proc/meminfo has no MemAvailable")
+
+
+def weights_bytes(folder: Path) -> int:
+    """The size of the weight files under ``folder``: a model's memory before it has been
+    measured. A quantized file (GGUF) loads larger than it weighs; the measure after its
+    first load corrects the guess."""
+    return sum(
+        path.stat().st_size
+        for path in folder.rglob("*")
+        if path.suffix in WEIGHT_SUFFIXES and path.is_file()
+    )
