@@ -145,7 +145,7 @@ def timeline(got: Inputs) -> dict[str, Any]:
 
 
 HEADERS = ["model", "kind", "requests", "correct", "503", "errors", "p50 ms", "p99 ms",
-           "loads", "evictions", "mean load s", "memory MB"]  # fmt: skip
+           "loads", "failed", "evictions", "mean load s", "memory MB"]  # fmt: skip
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -156,14 +156,17 @@ def markdown(data: dict[str, Any]) -> str:
         if r.get("memory_mb") is None:  # never seen resident: its kind's calibrated cost
             memory_cell = _cell(r.get("calibrated_mb")) + "*"
         cells = [r["model"], r["kind"], r["requests"], r["correct"], r["refused"], r["errors"],
-                 r["p50_ms"], r["p99_ms"], r.get("loads"), r.get("evictions"),
+                 r["p50_ms"], r["p99_ms"], r.get("loads"), r.get("failed_loads"),
+                 r.get("evictions"),
                  r.get("mean_load_s")]  # fmt: skip
         lines.append("| " + " | ".join([*(_cell(c) for c in cells), memory_cell]) + " |")
     m = data["memory"]
     lines.append("")
     lines.append(
-        "memory MB: the most /v1/models showed while the model was resident (what its last "
-        "load added to the resident set); * its kind's calibrated cost, never seen resident."
+        "loads: completed loads; failed: loads that failed (one too large for the budget "
+        "once measured is unloaded and failed); memory MB: the most /v1/models showed while "
+        "the model was resident (what its last load added to the resident set); * its "
+        "kind's calibrated cost, never seen resident."
     )
     lines.append("")
     lines.append(

@@ -439,7 +439,10 @@ def test_quick_is_a_small_fleet_and_the_step_follows_the_entries() -> None:
 def test_a_quick_run_answers_every_request_and_reports_each_model(tmp_path: Path) -> None:
     from bench.fleet.run import main
 
-    status = main(["--quick", "--duration-s", "8", "--out-dir", str(tmp_path)])
+    # Pinned warm entries: a runtime's first load in a process (its libraries, most of a
+    # GB for torch) is then not the one a small budget has to take on demand.
+    argv = ["--quick", "--warm-runtimes", "--duration-s", "8", "--out-dir", str(tmp_path)]
+    status = main(argv)
     data = json.loads((tmp_path / "fleet.json").read_text(encoding="utf-8"))
     assert status == (0 if data["ok"] else 1)
     totals = data["totals"]
@@ -452,5 +455,6 @@ def test_a_quick_run_answers_every_request_and_reports_each_model(tmp_path: Path
     memory = data["memory"]
     assert memory["samples"] >= 60 and memory["largest_gap_s"] < 1.0
     assert data["calibration"]["cost_mb"] and data["budget_mb"] > 0
+    assert data["pinned"] == ["warm-minilm-torch-f32", "warm-minilm-onnx-f32"]
     assert (tmp_path / "fleet.png").stat().st_size > 0
     assert "| minilm-torch-f32-1 |" in (tmp_path / "fleet.md").read_text(encoding="utf-8")
