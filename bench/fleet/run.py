@@ -9,7 +9,9 @@ separate resident copies.
 First a calibration server measures what one copy of each kind adds to the resident set
 and what each runtime's libraries add once (``bench.fleet.calibrate``); the budget
 (``--memory-budget-mb`` of the server) is set to hold ``--hold`` models of the fleet's
-mean cost, or to ``--budget-mb``. Then a fresh server with that budget takes an open-loop
+mean cost, or to ``--budget-mb``; ``--warm-runtimes`` pins one entry per runtime besides,
+loaded at start, so that no on-demand load carries a runtime's libraries (the server's
+budget grows by what they hold). Then a fresh server with that budget takes an open-loop
 load (``bench.fleet.traffic``): Poisson arrivals at ``--rate``, each naming a model by a
 Zipf popularity whose ranking rotates every ``--shift-s``, each with
 ``x-request-timeout-ms``. Every 200 is checked against the same weights loaded alone in
@@ -22,7 +24,7 @@ The run fails (exit status 1, ``"ok": false``) on a wrong answer, on an error ot
 budget, the runtimes' libraries and the tolerance. JSON, a Markdown table and a PNG go to
 ``--out-dir`` (``bench.fleet.report``).
 
-    flotilla bench fleet [--quick] [--entries 12] [--hold 3] [--duration-s 120]
+    flotilla bench fleet [--quick] [--warm-runtimes] [--entries 12] [--hold 3] [--duration-s 120]
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from embedder.core.fleet import Fleet
 
 QUICK = {"entries": 4, "hold": 2.0, "duration_s": 20.0, "shift_s": 5.0, "rate": 6.0}
 FLOOR_S = 1.0  # the floor: the median resident set over this long before the load
+KEEPALIVE_S = 2.0  # below the server's keep-alive, so the client closes an idle one first
 CALIBRATION_DEADLINE_S = 900.0  # a kind's first load on a machine may export its graph
 
 
@@ -140,7 +143,11 @@ def write_fleet(
 
 def session(deadline_s: float) -> aiohttp.ClientSession:
     timeout = aiohttp.ClientTimeout(total=deadline_s + 15)
-    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1024))
+    # An open-loop load leaves connections idle between requests: kept longer than the
+    # server keeps them (uvicorn: 5 s), one may be reused just as the server closes it,
+    # and a POST on it fails with a reset that says nothing about the server.
+    connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=KEEPALIVE_S)
+    return aiohttp.ClientSession(timeout=timeout, connector=connector)
 
 
 def run_calibration(args: argparse.Namespace, setup: Setup, work: Path) -> list[calibrate.Measured]:
