@@ -90,6 +90,7 @@ def totals(answers: Sequence[Answer]) -> dict[str, Any]:
         "requests": len(answers),
         "answers": dict(Counter(a.outcome for a in answers).most_common()),
         "correct": len(ok_ms),
+        "refused": sum(a.outcome == REFUSED and a.retry_after is not None for a in answers),
         "errors": sum(not a.allowed for a in answers),
         "p50_ms": report.percentile(ok_ms, 50),
         "p99_ms": report.percentile(ok_ms, 99),

@@ -191,8 +191,9 @@ def verdict_text(data: dict[str, Any]) -> str:
     if data["ok"]:
         t = data["totals"]
         return (
-            f"ok: {t['correct']} of {t['requests']} requests answered correctly, the rest "
-            "refused with Retry-After; memory within its bound"
+            f"ok: {t['correct']} of {t['requests']} requests answered correctly, "
+            f"{t['refused']} refused with Retry-After, none wrong or failed; memory within "
+            "its bound"
         )
     lines = ["FAILED: " + "; ".join(data["failed_because"])]
     for outcome, messages in data["failures"].items():

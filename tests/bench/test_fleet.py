@@ -358,6 +358,7 @@ def test_a_clean_run_passes_and_reports_every_model(tmp_path: Path) -> None:
     table = report.markdown(data)
     assert table.count("\n| ") == 2 and "| a | minilm-torch-f32 | 1 | 1 | 0 | 0 |" in table
     assert table.splitlines()[2].endswith("| 80 |") and table.splitlines()[3].endswith("| 50* |")
+    assert report.verdict_text(data).startswith("ok: 2 of 3 requests answered correctly, 1 ")
     paths = report.write(data, tmp_path, "fleet")
     assert [p.name for p in paths] == ["fleet.json", "fleet.md", "fleet.png"]
     assert json.loads(paths[0].read_text())["ok"] is True  # NaN-free: b's p50 is a number
