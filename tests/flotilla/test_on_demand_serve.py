@@ -7,21 +7,19 @@ residency, and a model whose measured load is longer than a request's deadline a
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 import yaml
 
 from embedder.host import ModelHost
 from flotilla.serve import build_app
 from flotilla.settings import Settings
 from tests.gateway.conftest import _free_port, hub_offline
-from tests.ready import wait_ready
+from tests.ready import served_in_thread
 from tests.tiny_models import build_tiny_embedder
 
 pytestmark = pytest.mark.slow
@@ -49,19 +47,8 @@ def served(models: tuple[Path, Path], tmp_path: Path) -> Iterator[tuple[str, Mod
         device="cpu", untuned="defaults", memory_budget_mb=10_000,
     )  # fmt: skip
     app = build_app(settings)
-    port = _free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none")
-    server = uvicorn.Server(config)
-    with hub_offline():
-        thread = threading.Thread(target=server.run, name="on-demand-server", daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url, lambda: None if thread.is_alive() else "(its thread ended)")
-            yield url, app.state.host
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+    with hub_offline(), served_in_thread(app, _free_port(), "on-demand-server") as url:
+        yield url, app.state.host
 
 
 def alone(folder: Path, texts: list[str]) -> np.ndarray:
