@@ -19,6 +19,7 @@ import httpx
 import yaml
 
 from embedder.core.errors import FlotillaError
+from embedder.tasks.fleet import adapters_beside
 
 # Removing a model waits for its queued and running jobs, each within its deadline.
 TIMEOUT = httpx.Timeout(600.0, connect=10.0)
@@ -43,21 +44,11 @@ def read_entries(path: Path) -> dict[str, dict[str, Any]]:
             f"{path} must map each model's name to its entry, as the fleet file's 'models:' "
             "does, e.g.\n  legal-embed:\n    source: {path: /models/legal-embed}"
         )
-    folder = path.resolve().parent
-    entries: dict[str, dict[str, Any]] = {}
     for name, entry in raw.items():
         if not isinstance(entry, dict):
             raise AdminRefused(f"{path}: model {name!r}: an entry is a mapping")
-        adapters = entry.get("adapters")
-        if isinstance(adapters, dict):
-            entry["adapters"] = {
-                adapter: str(folder / where)
-                if isinstance(where, str) and not Path(where).expanduser().is_absolute()
-                else where
-                for adapter, where in adapters.items()
-            }
-        entries[str(name)] = entry
-    return entries
+    adapters_beside({"models": raw}, path.resolve().parent)
+    return {str(name): entry for name, entry in raw.items()}
 
 
 class AdminClient:

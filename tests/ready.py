@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -23,3 +25,23 @@ def wait_ready(url: str, alive: Callable[[], str | None], timeout_s: float = 120
         if time.monotonic() > deadline:
             pytest.fail(f"the server was not ready within {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def served_in_thread(app: Any, port: int, name: str) -> Iterator[str]:
+    """``app`` under uvicorn on ``port`` in a thread of this process, ready; its URL."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", loop="asyncio", ws="none"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name=name, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, lambda: None if thread.is_alive() else "(its thread ended)")
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -49,14 +49,15 @@ def load_fleet(path: Path | None = None) -> Fleet:
     except yaml.YAMLError as exc:
         raise FleetError(f"fleet file {path} is not valid YAML: {exc}") from exc
     try:
-        return parse_fleet(_adapters_beside(raw, path.resolve().parent))
+        return parse_fleet(adapters_beside(raw, path.resolve().parent))
     except (ValidationError, ValueError) as exc:
         raise FleetError(f"fleet file {path} is invalid:\n{exc}") from exc
 
 
-def _adapters_beside(raw: object, folder: Path) -> object:
-    """Relative adapter folders are read from beside the fleet file, so a fleet ships its
-    adapters with it (the bundled ones: ``embedder/bundled_adapters/``)."""
+def adapters_beside(raw: object, folder: Path) -> object:
+    """Relative adapter folders are read from beside the fleet file (``{"models": ...}``),
+    so a fleet ships its adapters with it (the bundled ones: ``embedder/bundled_adapters/``);
+    the same for a file of entries sent to a running server."""
     models = raw.get("models") if isinstance(raw, dict) else None
     if not isinstance(models, dict):
         return raw

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from flotilla.fleet_state import read_state
 from flotilla.serve import build_app
 from flotilla.settings import Settings
 from tests.gateway.conftest import _free_port, hub_offline
-from tests.ready import wait_ready
+from tests.ready import served_in_thread
 from tests.tiny_models import build_tiny_embedder, tiny_fleet_file
 
 pytestmark = pytest.mark.slow
@@ -50,22 +48,11 @@ def served(model: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         admin_keys=ADMIN_KEY,
         fleet_state=state,
     )
-    port = _free_port()
-    config = uvicorn.Config(
-        build_app(settings), host="127.0.0.1", port=port, log_level="warning", loop="asyncio",
-        ws="none",
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    with hub_offline():
-        thread = threading.Thread(target=server.run, name="admin-test-server", daemon=True)
-        thread.start()
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(url, lambda: None if thread.is_alive() else "(its thread ended)")
-            yield url, state
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+    with (
+        hub_offline(),
+        served_in_thread(build_app(settings), _free_port(), "admin-test-server") as url,
+    ):
+        yield url, state
 
 
 def inflight_tokens(metrics: str, model: str) -> float:

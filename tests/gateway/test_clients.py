@@ -5,7 +5,6 @@ against sentence-transformers on the same folders."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,14 +13,13 @@ import httpx
 import huggingface_hub.constants
 import numpy as np
 import pytest
-import uvicorn
 import yaml
 from numpy.typing import NDArray
 
 from flotilla.serve import build_app
 from flotilla.settings import Settings
 from tests.gateway.conftest import _free_port, hub_offline
-from tests.ready import wait_ready
+from tests.ready import served_in_thread
 from tests.tiny_models import build_tiny_embedder, build_tiny_reranker
 
 pytestmark = pytest.mark.slow
@@ -57,22 +55,11 @@ def url(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> It
     settings = Settings(
         fleet=fleet_file, data_dir=folder / "data", model_cache_dir=folder / "cache", device="cpu"
     )
-    port = _free_port()
-    config = uvicorn.Config(
-        build_app(settings), host="127.0.0.1", port=port, log_level="warning", loop="asyncio",
-        ws="none",
-    )  # fmt: skip
-    server = uvicorn.Server(config)
-    with hub_offline():
-        thread = threading.Thread(target=server.run, name="client-test-server", daemon=True)
-        thread.start()
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(base, lambda: None if thread.is_alive() else "(its thread ended)")
-            yield base
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+    with (
+        hub_offline(),
+        served_in_thread(build_app(settings), _free_port(), "client-test-server") as url,
+    ):
+        yield url
 
 
 @pytest.fixture(scope="module")

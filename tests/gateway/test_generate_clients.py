@@ -15,7 +15,6 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
 import yaml
 
 from embedder.serving import metrics
@@ -24,7 +23,7 @@ from flotilla.serve import build_app
 from flotilla.settings import Settings
 from tests.embedder.tasks.generate.conftest import TINY_SOURCE, TINY_TEMPLATE
 from tests.gateway.conftest import _free_port, hub_offline
-from tests.ready import wait_ready
+from tests.ready import served_in_thread
 from tests.tiny_models import build_tiny_embedder
 
 pytestmark = pytest.mark.slow
@@ -52,21 +51,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any]
         fleet=fleet_file, data_dir=folder / "data", model_cache_dir=folder / "cache", device="cpu"
     )
     app = build_app(settings)
-    port = _free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", loop="asyncio", ws="none"
-    )
-    server = uvicorn.Server(config)
-    with hub_offline():
-        thread = threading.Thread(target=server.run, name="generate-test-server", daemon=True)
-        thread.start()
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_ready(base, lambda: None if thread.is_alive() else "(its thread ended)")
-            yield base, app.state.host
-        finally:
-            server.should_exit = True
-            thread.join(timeout=30)
+    with hub_offline(), served_in_thread(app, _free_port(), "generate-test-server") as url:
+        yield url, app.state.host
 
 
 @pytest.fixture(scope="module")
