@@ -454,7 +454,8 @@ def test_a_quick_run_answers_every_request_and_reports_each_model(tmp_path: Path
     assert sum(r["loads"] for r in rows) >= 2  # on demand: loaded by the load, not at start
     assert all(r["worst_cosine"] is None or r["worst_cosine"] >= 0.995 for r in rows)
     memory = data["memory"]
-    assert memory["samples"] >= 60 and memory["largest_gap_s"] < 1.0
+    # every 0.1 s; a starved machine (the test runs at any priority) may stretch a period
+    assert memory["samples"] >= 60 and memory["largest_gap_s"] < 2.0
     assert data["calibration"]["cost_mb"] and data["budget_mb"] > 0
     assert data["pinned"] == ["warm-minilm-torch-f32", "warm-minilm-onnx-f32"]
     assert (tmp_path / "fleet.png").stat().st_size > 0
