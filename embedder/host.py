@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import time
 from collections import Counter
@@ -117,7 +118,12 @@ class ModelHost(Lifecycle):
         self.served: dict[str, Engine] = {}  # model -> the engine serving it
         self.turns = DeviceTurns()  # the device, shared by the engines
         self.residents = Residents(
-            memory_budget_mb, self._load_model, self._unload_model, self._busy, self._refuse
+            memory_budget_mb,
+            self._load_model,
+            self._unload_model,
+            self._busy,
+            self._refuse,
+            prepare=self._prepare_model,
         )
         for spec in self.fleet.models.values():
             self._track(spec)
@@ -143,6 +149,8 @@ class ModelHost(Lifecycle):
             return "failed"  # removed from the fleet
         if record.state != "ready":
             return record.state
+        if self._task is None:  # stopped: it serves nothing, as before it started
+            return "loading"
         engine = self.served.get(model)
         return "ready" if engine is not None and engine.healthy(model) else "failed"
 
@@ -269,7 +277,23 @@ class ModelHost(Lifecycle):
             except (OSError, FlotillaError):  # its load will say what is wrong
                 estimate = None
         on_demand = spec.load == "on_demand"
-        self.residents.track(spec.name, pinned=spec.pinned, on_demand=on_demand, estimate=estimate)
+        family = json.dumps(
+            spec.model_dump(mode="json", include={"task", "source", "profiles"}), sort_keys=True
+        )
+        self.residents.track(
+            spec.name, pinned=spec.pinned, on_demand=on_demand, estimate=estimate, family=family
+        )
+
+    async def _prepare_model(self, name: str) -> None:
+        """Import the libraries ``name``'s runtime loads with, before its load is measured."""
+        assert self._device is not None
+        spec = self.fleet.get(name)
+        kind = kind_of(spec.task)
+        prepare = kind.prepare
+        if prepare is not None and kind.name not in self.loaders:  # a loader of its own
+            # (a test's, a benchmark's) imports what it needs itself
+            choice = await asyncio.to_thread(self.choose_profile, spec, self._device)
+            await asyncio.to_thread(prepare, choice.apply(spec, self._device), self._device)
 
     async def _load_model(self, name: str) -> None:
         """Load ``name`` and serve it on its kind's engine; raises if it cannot."""

@@ -33,6 +33,7 @@ FAILED_RETRY_S = 30.0  # a failed on-demand model loads again on a request after
 ROOM_POLL_S = 0.05  # how often a load waiting for memory looks for an idle model
 
 Load = Callable[[str], Awaitable[None]]  # load and serve a model; raises if it cannot
+Prepare = Callable[[str], Awaitable[None]]  # import what a load needs; not measured
 Unload = Callable[[str], Awaitable[None]]  # stop serving a model and drop its runtime
 Refuse = Callable[[str, FlotillaError], Awaitable[None]]  # answer its queued jobs with
 
@@ -46,6 +47,7 @@ class Residents:
         busy: Callable[[str], bool],
         refuse: Refuse,
         *,
+        prepare: Prepare | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.budget_mb = budget_mb
@@ -53,6 +55,7 @@ class Residents:
         self.meter: MemoryMeter | None = None
         self.records: dict[str, Residency] = {}
         self._load, self._unload, self._busy, self._refuse = load, unload, busy, refuse
+        self._prepare = prepare
         self.clock = clock
         self._lock = asyncio.Lock()  # one load or eviction at a time: each measured alone
         self._loads: dict[str, asyncio.Task[None]] = {}  # on-demand loads under way
@@ -63,10 +66,16 @@ class Residents:
         self.budget = budget_bytes(self.budget_mb, device)
         log.info("memory budget for the models on %s: %.0f MB", device, self.budget / MB)
 
-    def track(self, name: str, *, pinned: bool, on_demand: bool, estimate: int | None) -> None:
+    def track(
+        self, name: str, *, pinned: bool, on_demand: bool, estimate: int | None, family: str = ""
+    ) -> None:
+        """Keep ``name``'s residency; ``family``: entries that cost alike (a measure of one
+        is the others' estimate until they are measured themselves)."""
         state: ModelState = "evicted" if on_demand else "loading"
+        measured = [r.memory_bytes for r in self.records.values() if family and r.family == family]
+        known = next((m for m in measured if m is not None), None)
         self.records[name] = Residency(
-            name, pinned, on_demand, state=state, estimate_bytes=estimate
+            name, pinned, on_demand, state=state, estimate_bytes=known or estimate, family=family
         )
 
     def forget(self, name: str) -> None:
@@ -109,12 +118,19 @@ class Residents:
             )
 
     def _expected_wait(self, record: Residency, now: float) -> float | None:
-        """Seconds until ``record`` is resident by its last load's time; None if unknown."""
+        """Seconds until ``record`` is resident by the last measured load times: its own,
+        and what is left of the one under way ahead of it (loads run one at a time).
+        None when its own was never measured."""
         if record.load_s is None:
             return None
         if record.state == "loading" and record.loading_since is not None:
             return max(record.load_s - (now - record.loading_since), 0.0)
-        return record.load_s
+        ahead = [
+            max((r.load_s or 0.0) - (now - r.loading_since), 0.0)
+            for r in self.records.values()
+            if r.state == "loading" and r.loading_since is not None
+        ]
+        return record.load_s + sum(ahead)
 
     async def _on_demand(self, record: Residency) -> None:
         try:
@@ -137,7 +153,7 @@ class Residents:
             try:
                 await self._make_room(record, waits)
                 await self._load_retrying(record)
-                await self._fit(record)
+                await self._fit(record, waits)
             except NoRoom as exc:
                 record.state, record.error = "evicted", exc.message
                 metrics.MODEL_LOADS.labels(name, "no_room").inc()
@@ -208,6 +224,8 @@ class Residents:
 
     async def _load_measured(self, record: Residency) -> None:
         assert self.meter is not None, "attach() the device first"
+        if self._prepare is not None:
+            await self._prepare(record.name)
         # Freed memory the allocator still holds would be reused by the load and hide it.
         await asyncio.to_thread(self.meter.release)
         before = self.meter.used()
@@ -216,6 +234,9 @@ class Residents:
         record.load_s = time.perf_counter() - started
         record.memory_bytes = max(self.meter.used() - before, 0)
         record.state, record.loads = "ready", record.loads + 1
+        for sibling in self.records.values():
+            if record.family and sibling.family == record.family and sibling.memory_bytes is None:
+                sibling.estimate_bytes = record.memory_bytes
         metrics.MODEL_LOADS.labels(record.name, "loaded").inc()
         metrics.MODEL_LOAD_SECONDS.labels(record.name).inc(record.load_s)
         metrics.MODEL_MEMORY_BYTES.labels(record.name).set(record.memory_bytes)
@@ -225,18 +246,31 @@ class Residents:
             self.budget / MB,
         )  # fmt: skip
 
-    async def _fit(self, record: Residency) -> None:
-        """Past the budget now that its real size is known: evict others, else unload it."""
-        chosen = victims(self.records.values(), 0, self.budget, self._busy, loading=record.name)
-        for name in chosen or ():
-            await self._evict(name, f"to make room for {record.name}")
-        if chosen is None and not record.pinned and record.on_demand:
+    async def _fit(self, record: Residency, waits: bool) -> None:
+        """Past the budget now that its real size is known: evict others, waiting (as a
+        load does) for busy ones to fall idle; unload it if it cannot fit at all."""
+        while True:
+            chosen = victims(self.records.values(), 0, self.budget, self._busy, loading=record.name)
+            for name in chosen or ():
+                await self._evict(name, f"to make room for {record.name}")
+            if chosen is not None or record.pinned or not record.on_demand:
+                return
             size = record.expected_bytes
-            await self._evict(record.name, "it does not fit the budget")
-            raise MemoryError(
-                f"{record.name!r} holds {size / MB:.0f} MB; with the pinned and busy models "
-                f"the budget ({self.budget / MB:.0f} MB, --memory-budget-mb) has no room for it"
-            )
+            if size > self.budget - self._pinned_bytes(record.name):
+                await self._evict(record.name, "it does not fit the budget")
+                raise MemoryError(
+                    f"{record.name!r} holds {size / MB:.0f} MB; beside the pinned models the "
+                    f"budget ({self.budget / MB:.0f} MB, --memory-budget-mb) has no room for it"
+                )
+            if not waits or self.clock() >= self._wanted_until.get(record.name, 0.0):
+                await self._evict(record.name, "the models in use hold the budget")
+                raise NoRoom(
+                    f"the memory budget ({self.budget / MB:.0f} MB, --memory-budget-mb) is "
+                    f"held by models in use; {record.name!r} ({size / MB:.0f} MB) could not "
+                    "stay: retry, or raise the budget",
+                    retry_after_s=5,
+                )
+            await asyncio.sleep(ROOM_POLL_S)
 
     def _pinned_bytes(self, exclude: str) -> int:
         """What the pinned models hold: memory no eviction can free."""

@@ -26,6 +26,7 @@ class Residency:
     loads: int = 0
     evictions: int = 0
     freed_bytes: int | None = None  # what its last eviction handed back, measured
+    family: str = ""  # entries of the same weights, runtime and precision cost alike
     error: str | None = None  # why its last load failed
     failed_at: float | None = None
 

@@ -108,6 +108,10 @@ class TaskKind:
     # its first request does not pay for kernel selection, and its memory is measured with
     # its weights touched (mapped weight files count only once read).
     warm_up: Callable[[Any], None] | None = None
+    # Imports what loading a model needs (its runtime's libraries), blocking: done before
+    # an on-demand load is measured, so the first model of a runtime is not charged with
+    # the libraries every later one shares.
+    prepare: Callable[[ModelSpec, DeviceKind], None] | None = None
 
     @property
     def answering(self) -> tuple[str, ...]:

@@ -84,7 +84,13 @@ def host_for(fleet: Fleet, loader: SizedLoader, budget_mb: float, **kwargs: Any)
 
 
 def on_demand(*names: str, tmp: Path) -> Fleet:
-    return fake_fleet(*names, tmp=tmp, load="on_demand")
+    """On-demand entries, each of its own weights (a family of its own: the fakes' sizes
+    differ by name)."""
+    models = {}
+    for name in names:
+        (tmp / name).mkdir(exist_ok=True)
+        models.update(fake_fleet(name, tmp=tmp / name, load="on_demand").models)
+    return Fleet.model_validate({"models": models})
 
 
 CLIENTS: dict[int, Client] = {}

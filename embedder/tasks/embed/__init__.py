@@ -34,6 +34,12 @@ def quick_tune(
     return quick_choice(entry_as(spec, EncoderSpec), device, loader, threads, fingerprint)
 
 
+def prepare(spec: ModelSpec, device: DeviceKind) -> None:
+    from embedder.tasks.embed.runtimes import prepare_runtime
+
+    prepare_runtime(entry_as(spec, EncoderSpec), device)
+
+
 def warm_up(runtime: Any) -> None:
     from embedder.tasks.embed.engine import warm_up as run_once
 
@@ -64,4 +70,5 @@ KIND = TaskKind(
     make_engine=make_engine,
     quick_tune=quick_tune,
     warm_up=warm_up,
+    prepare=prepare,
 )

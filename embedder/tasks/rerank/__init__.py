@@ -26,4 +26,5 @@ KIND = TaskKind(
     answered_by=("rerank", "embed"),
     quick_tune=embed.quick_tune,
     warm_up=embed.warm_up,
+    prepare=embed.prepare,
 )

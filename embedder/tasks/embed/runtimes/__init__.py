@@ -122,6 +122,25 @@ PRECISIONS: dict[str, dict[DeviceKind, tuple[Precision, ...]]] = {
 }
 
 
+# The libraries a runtime's loads share, imported once per process.
+LIBRARIES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch", "transformers", "sentence_transformers"),
+    "onnx": ("onnxruntime", "transformers"),
+    "openvino": ("openvino", "transformers"),
+    "emulated": (),
+}
+
+
+def prepare_runtime(spec: EncoderSpec, device: DeviceKind) -> None:
+    """Import the runtime ``spec`` names on ``device``, and the libraries it loads with."""
+    name = spec.profile(device).runtime
+    if name not in RUNTIMES:
+        return  # load_runtime says what is wrong
+    importlib.import_module(RUNTIMES[name].partition(":")[0])
+    for library in LIBRARIES.get(name, ()):
+        importlib.import_module(library)
+
+
 def load_runtime(spec: EncoderSpec, device: DeviceKind, threads: int) -> Runtime:
     name = spec.profile(device).runtime
     try:
