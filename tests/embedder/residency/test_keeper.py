@@ -59,8 +59,8 @@ async def test_a_model_bigger_than_guessed_waits_for_a_busy_model_then_stays() -
     assert residents.records["b"].state == "ready" and device.refused == []
     assert residents.records["a"].state == "ready"
     device.busy.clear()
-    await until(lambda: residents.records["b"].state == "ready")
-    assert residents.records["a"].state == "evicted" and residents.held() == 150 * MB
+    await until(lambda: residents.records["a"].state == "evicted")
+    assert residents.records["b"].state == "ready" and residents.held() == 150 * MB
 
 
 async def test_a_measure_is_the_estimate_of_its_family() -> None:
