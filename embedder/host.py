@@ -227,8 +227,12 @@ class ModelHost(Lifecycle):
         for task in (self._task, self._tuning_task, self._watch_task):
             if task is not None and not task.done():
                 task.cancel()
-        if self._tuning_task is not None:  # its child process is killed as it ends
-            await asyncio.gather(self._tuning_task, return_exceptions=True)
+        # Awaited, not only cancelled: the tuning task's child process is killed as it
+        # ends, and a task left pending warns when it is collected.
+        ended = [t for t in (self._tuning_task, self._watch_task, *self._adding) if t is not None]
+        for task in self._adding:
+            task.cancel()
+        await asyncio.gather(*ended, return_exceptions=True)
         await self.residents.stop()
         self._task = self._tuning_task = self._watch_task = None
         for engine in self.engines.values():  # stopped, they still say what they loaded
