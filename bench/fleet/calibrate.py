@@ -66,7 +66,9 @@ def costs(measured: Sequence[Measured]) -> tuple[dict[Kind, int], dict[str, int]
     """(bytes per resident copy of each kind, bytes each runtime's libraries hold), from
     the loads of ``plan``: a kind measured twice costs its second copy. A load's size is
     the host's own figure when /v1/models gave one (the budget is counted in it), else
-    the resident set's growth."""
+    the resident set's growth. The libraries are what the resident set grew by more on a
+    runtime's first load than on its second: the host imports them before it measures a
+    load, so its own figures leave them out."""
     per_kind: dict[Kind, int] = {}
     first: dict[str, Measured] = {}
     libraries: dict[str, int] = {}
@@ -77,7 +79,7 @@ def costs(measured: Sequence[Measured]) -> tuple[dict[Kind, int], dict[str, int]
             per_kind[kind] = m.size
         elif first.get(kind.runtime) is not None and first[kind.runtime].entry.kind == kind:
             per_kind[kind] = m.size
-            libraries[kind.runtime] = max(first[kind.runtime].size - m.size, 0)
+            libraries[kind.runtime] = max(first[kind.runtime].grew - m.grew, 0)
     return per_kind, libraries
 
 
