@@ -227,7 +227,7 @@ class Residents:
         if self._prepare is not None:
             await self._prepare(record.name)
         # Freed memory the allocator still holds would be reused by the load and hide it.
-        await asyncio.to_thread(self.meter.release)
+        await asyncio.to_thread(self.meter.settle)
         before = self.meter.used()
         started = time.perf_counter()
         await self._load(record.name)

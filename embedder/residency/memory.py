@@ -38,6 +38,10 @@ class MemoryMeter(Protocol):
     def release(self) -> None:
         """Hand memory freed by an unloaded model back, so ``used`` shows it gone."""
 
+    def settle(self) -> None:
+        """Hand back what the allocator keeps of memory already freed (cheap: no collector
+        pass), so that a load measured next does not reuse it unseen."""
+
 
 class CpuMemory:
     """The process's resident set (``/proc/self/statm``)."""
@@ -54,6 +58,9 @@ class CpuMemory:
 
     def release(self) -> None:
         gc.collect()  # a model's modules hold reference cycles: they go with a pass
+        self.settle()
+
+    def settle(self) -> None:
         if self._trim is not None:
             self._trim(0)
 
@@ -67,9 +74,12 @@ class CudaMemory:
         return int(torch.cuda.memory_allocated())
 
     def release(self) -> None:
+        gc.collect()
+        self.settle()
+
+    def settle(self) -> None:
         import torch
 
-        gc.collect()
         torch.cuda.empty_cache()
 
 

@@ -63,6 +63,9 @@ class FakeDeviceMemory:
     def release(self) -> None:
         pass
 
+    def settle(self) -> None:
+        pass
+
 
 def host_for(fleet: Fleet, loader: SizedLoader, budget_mb: float, **kwargs: Any) -> ModelHost:
     queue = InProcessQueue()

@@ -27,6 +27,9 @@ class FakeDevice:
     def release(self) -> None:
         pass
 
+    def settle(self) -> None:
+        pass
+
     async def load(self, name: str) -> None:
         await asyncio.sleep(0.01)
         self.loaded.add(name)
