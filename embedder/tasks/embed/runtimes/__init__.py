@@ -122,11 +122,12 @@ PRECISIONS: dict[str, dict[DeviceKind, tuple[Precision, ...]]] = {
 }
 
 
-# The libraries a runtime's loads share, imported once per process.
+# The libraries a runtime's loads share, imported once per process. The graph runtimes
+# export their graphs from the torch model (once, then cached), so torch is theirs too.
 LIBRARIES: dict[str, tuple[str, ...]] = {
     "torch": ("torch", "transformers", "sentence_transformers"),
-    "onnx": ("onnxruntime", "transformers"),
-    "openvino": ("openvino", "transformers"),
+    "onnx": ("onnxruntime", "torch", "transformers", "sentence_transformers"),
+    "openvino": ("openvino", "torch", "transformers", "sentence_transformers"),
     "emulated": (),
 }
 
@@ -136,9 +137,12 @@ def prepare_runtime(spec: EncoderSpec, device: DeviceKind) -> None:
     name = spec.profile(device).runtime
     if name not in RUNTIMES:
         return  # load_runtime says what is wrong
-    importlib.import_module(RUNTIMES[name].partition(":")[0])
+    module = importlib.import_module(RUNTIMES[name].partition(":")[0])
     for library in LIBRARIES.get(name, ()):
         importlib.import_module(library)
+    start = getattr(module, "prepare", None)  # what a runtime sets up once per process
+    if start is not None:
+        start(device)
 
 
 def load_runtime(spec: EncoderSpec, device: DeviceKind, threads: int) -> Runtime:

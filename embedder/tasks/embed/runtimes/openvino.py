@@ -143,6 +143,11 @@ def _not_compiled(feeds: Feeds) -> NDArray[np.float32]:
 RUNTIME_CACHE_SHAPES = 64
 
 
+def prepare(device: DeviceKind) -> None:
+    """Load the CPU plugin, once per process (its libraries are no model's memory)."""
+    ov.Core().get_versions("CPU")
+
+
 def load(spec: EncoderSpec, device: DeviceKind, threads: int) -> GraphRuntime:
     if device != "cpu":
         raise FleetError(
