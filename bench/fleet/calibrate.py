@@ -31,7 +31,8 @@ MB = 1024 * 1024
 SETTLE_S = 0.3  # after an answer, before its level is read
 SERVE_TEXTS = 32  # the batch each entry serves after its load: a full one under the load
 WINDOW_S = 0.5
-LARGEST_MARGIN = 1.1  # the budget holds the largest model with this much room
+LARGEST_MARGIN = 1.3  # the budget holds the largest model with this much room: one load
+# of it measured 13% above its calibration (e5 on ONNX Runtime, 805 and 906 MB)
 
 
 @dataclass(frozen=True, slots=True)
