@@ -20,6 +20,7 @@ from flotilla.flags import (
     HTTP_API,
     KAFKA_INGEST,
     MODELS,
+    PLACEMENT,
     PROFILES,
     PROGRESS,
     RECORDS,
@@ -85,6 +86,7 @@ def gateway(settings: Settings) -> None:
     | STORE
     | RECORDS
     | KAFKA_INGEST
+    | PLACEMENT
     | {"host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
