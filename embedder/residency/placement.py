@@ -139,6 +139,9 @@ class Placement(Lifecycle):
 
     async def step(self) -> None:
         """One look at the queue and the peers, and what it calls for."""
+        if self._loading is not None and self._loading.done():
+            self._loading = None
+            await self.announce()  # ready (or failed) now: the others know at once
         waiting = await self.waiting(self.models)
         now = self.residents.clock()
         self._note_use(waiting, now)

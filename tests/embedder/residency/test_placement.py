@@ -232,7 +232,7 @@ async def test_idle_models_are_evicted_after_the_idle_time_only() -> None:
     world.now += 2
     await placement.step()
     assert world.state("a") == "evicted"
-    assert world.announced == 2  # the load, then the eviction
+    assert world.announced == 3  # the load as it starts and as it ends, the eviction
 
 
 async def test_a_failed_load_answers_nothing_and_is_retried_after_its_time() -> None:
