@@ -232,6 +232,7 @@ class ModelHost(Lifecycle):
         )
         self._device = device
         self.residents.attach(device, self._meter)
+        await self._prepare_on_demand()
         try:
             for spec in list(self.fleet.models.values()):
                 if spec.load == "start":
@@ -247,6 +248,17 @@ class ModelHost(Lifecycle):
         if self._to_tune:  # after every model loaded: a tune times nothing else's load
             self._tuning_task = asyncio.create_task(self._tune_all(device), name="tuning")
         self._watch_task = asyncio.create_task(self._load_on_backlog(), name="backlog-loads")
+
+    async def _prepare_on_demand(self) -> None:
+        """The libraries of the on-demand models' kinds, imported before any is measured
+        (``TaskKind.prepare``); not for a kind loaded by a loader of the host's own."""
+        specs = self.fleet.models.values()
+        kinds = {
+            kind.name: kind for s in specs if s.load == "on_demand" and (kind := kind_of(s.task))
+        }
+        for kind in kinds.values():
+            if kind.prepare is not None and kind.name not in self.loaders:
+                await asyncio.to_thread(kind.prepare)
 
     async def _load_on_backlog(self) -> None:
         """Load an evicted model whose jobs wait in the queue: jobs that came without a

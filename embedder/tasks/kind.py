@@ -108,6 +108,10 @@ class TaskKind:
     # its first request does not pay for kernel selection, and its memory is measured with
     # its weights touched (mapped weight files count only once read).
     warm_up: Callable[[Any], None] | None = None
+    # Imports the libraries its loads need (blocking), run once before any on-demand
+    # model loads: else the first model's measured memory holds the libraries too
+    # (hundreds of MB against a model of tens), and a budget meant for two holds one.
+    prepare: Callable[[], None] | None = None
 
     @property
     def answering(self) -> tuple[str, ...]:

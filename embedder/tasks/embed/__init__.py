@@ -40,6 +40,12 @@ def warm_up(runtime: Any) -> None:
     run_once(runtime)
 
 
+def prepare() -> None:
+    import sentence_transformers  # noqa: F401  # the torch runtime's loader, torch with it
+
+    from embedder.tasks.embed import runtimes  # noqa: F401
+
+
 def make_engine(context: EngineContext) -> Engine:
     from embedder.tasks.embed.engine import EncoderEngine
 
@@ -64,4 +70,5 @@ KIND = TaskKind(
     make_engine=make_engine,
     quick_tune=quick_tune,
     warm_up=warm_up,
+    prepare=prepare,
 )
