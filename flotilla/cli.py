@@ -555,6 +555,11 @@ for _name, _module, _help in (
     ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
     ("queue-latency", "bench.queue_latency", "One request through JetStream against in-process."),
     (
+        "placement",
+        "bench.placement.run",
+        "On-demand models placed by the queue across workers, against a fixed assignment.",
+    ),
+    (
         "chaos",
         "bench.chaos",
         "Broker faults under load: node kill, rolling restart, worker kill; answers and recovery.",
