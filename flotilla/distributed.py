@@ -173,6 +173,7 @@ def _placement(
         waiting=puller.waiting,
         peers=lambda: peers.others(worker_id),
         in_hand=host.in_hand,
+        taken_at=puller.taken_at,
         announce=heartbeat.announce,
         idle_evict_s=settings.idle_evict_s,
     )

@@ -27,6 +27,7 @@ class Puller(JobPuller, Protocol):
     async def drain(self, timeout_s: float) -> int: ...
     # each model's requests not yet taken by any worker, the models hosted or not
     async def waiting(self, models: Collection[str]) -> dict[str, int]: ...
+    def taken_at(self, model: str) -> float | None: ...  # when a pull last took its jobs
 
 
 class FleetView(ModelStates, Protocol):

@@ -103,6 +103,7 @@ class Placement(Lifecycle):
         waiting: Waiting,
         peers: Peers,
         in_hand: Callable[[str], int],
+        taken_at: Callable[[str], float | None] = lambda model: None,
         announce: Callable[[], Awaitable[None]],
         idle_evict_s: float,
         interval_s: float = INTERVAL_S,
@@ -111,10 +112,12 @@ class Placement(Lifecycle):
     ) -> None:
         """``models``: the on-demand models of this worker's fleet; ``waiting``: the
         queue's count of each one's requests not yet taken; ``peers``: the other live
-        workers' models and states; ``announce``: put this worker's heartbeat now."""
+        workers' models and states; ``taken_at``: when (on the residents' clock) this
+        worker last took jobs of a model; ``announce``: put this worker's heartbeat now."""
         self.residents = residents
         self.models = sorted(models)
         self.waiting, self.peers, self.in_hand = waiting, peers, in_hand
+        self.taken_at = taken_at
         self.announce = announce
         self.idle_evict_s, self.interval_s, self.jitter_s = idle_evict_s, interval_s, jitter_s
         self.rng = rng or random.Random()
@@ -188,13 +191,18 @@ class Placement(Lifecycle):
         return views
 
     def _note_use(self, waiting: Mapping[str, int], now: float) -> None:
-        """A resident model with jobs in hand or waiting was in use now: the clock its
-        idle time and its place among the least recently used run from."""
+        """A resident model with jobs in hand or waiting is in use now, and one was when
+        its jobs were last taken (answered between two looks, they are in hand at
+        neither): the clock its idle time and its place among the least recently used
+        run from."""
         for name in self.models:
             record = self.residents.records.get(name)
-            busy = waiting.get(name, 0) > 0 or self.in_hand(name) > 0
-            if record is not None and record.state == "ready" and busy:
+            if record is None or record.state != "ready":
+                continue
+            if waiting.get(name, 0) > 0 or self.in_hand(name) > 0:
                 record.last_used = now
+            elif (taken := self.taken_at(name)) is not None:
+                record.last_used = max(record.last_used or taken, taken)
 
     def _fullness(self) -> float:
         budget = self.residents.budget

@@ -79,6 +79,7 @@ class JetStreamPuller(Lifecycle):
         self._released = asyncio.Event()
         self._keepalive: asyncio.Task[None] | None = None
         self._dead: DeadLetters | None = None
+        self._taken_at: dict[str, float] = {}  # model -> when a pull last took its jobs
 
     async def start(self) -> None:
         if self._link.opened:
@@ -140,6 +141,11 @@ class JetStreamPuller(Lifecycle):
     def in_hand(self) -> int:
         return len(self._held)
 
+    def taken_at(self, model: str) -> float | None:
+        """When (``clock``) a pull last took jobs of ``model``: its last use here, however
+        quickly they were answered."""
+        return self._taken_at.get(model)
+
     async def waiting(self, models: Collection[str]) -> dict[str, int]:
         """Each model's requests not yet taken by any worker (``Fetcher.waiting``); {}
         while the broker is unreachable."""
@@ -182,6 +188,8 @@ class JetStreamPuller(Lifecycle):
             with contextlib.suppress(NatsError):
                 await held.msg.nak(delay=self.config.nak_delay_ms / 1e3)
         TAKEN.inc(len(taken))
+        for job in taken:
+            self._taken_at[job.model] = now
         return taken
 
     async def hand_back(self, jobs: Sequence[Job]) -> None:

@@ -116,6 +116,7 @@ class World:
         self.queue: dict[str, int] = {}
         self.peers: list[dict[str, dict[str, Any]]] = []
         self.hand: dict[str, int] = {}
+        self.taken: dict[str, float] = {}  # when a pull last took jobs of a model
         self.announced = 0
         self.loaded: list[str] = []
         self.fail: set[str] = set()
@@ -149,6 +150,7 @@ class World:
             waiting=self.waiting,
             peers=lambda: self.peers,
             in_hand=lambda name: self.hand.get(name, 0),
+            taken_at=self.taken.get,
             announce=self.announce,
             idle_evict_s=idle_evict_s,
             jitter_s=0.0,
@@ -258,3 +260,20 @@ def test_a_model_bigger_than_the_budget_is_not_offered() -> None:
     world = World()
     world.residents.track("huge", pinned=False, on_demand=True, estimate=300 * MB)
     assert world.residents.hostable() == ["a", "b", "c"]
+
+
+async def test_a_model_whose_jobs_are_answered_between_looks_is_in_use_all_the_same() -> None:
+    world = World()
+    placement = world.placement(idle_evict_s=30.0)
+    world.queue = {"a": 1}
+    await placement.step()
+    await settle(placement)
+    world.queue = {}
+    for _ in range(5):  # a request every 20 s, each answered before the next look
+        world.now += 20
+        world.taken["a"] = world.now - 0.3
+        await placement.step()
+        assert world.state("a") == "ready"
+    world.now += 31
+    await placement.step()
+    assert world.state("a") == "evicted"
