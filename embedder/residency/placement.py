@@ -34,11 +34,12 @@ INTERVAL_S = 0.5
 # The longest random wait before a load (times 0.5 to 1.5 by how full this worker is):
 # well above the milliseconds a heartbeat takes to reach the others, short beside a load.
 JITTER_S = 0.5
-# Requests waiting per live host past which one more worker loads the model.
+# Requests unanswered per live host (waiting, or in a host's hand) past which one more
+# worker loads the model.
 BACKLOG_PER_HOST = 16
 HOSTING: frozenset[str] = frozenset({"ready", "loading"})
 
-Waiting = Callable[[Collection[str]], Awaitable[Mapping[str, int]]]  # the queue's counts
+Waiting = Callable[[Collection[str]], Awaitable[Mapping[str, int]]]  # unanswered, per model
 Peers = Callable[[], Iterable[Mapping[str, Mapping[str, Any]]]]  # others' models, states
 
 
@@ -47,7 +48,7 @@ class ModelView:
     """One on-demand model as a worker sees it at one moment."""
 
     state: ModelState  # on this worker ('evicted' once a failed one may try again)
-    waiting: int  # requests in the shared queue not yet taken by any worker
+    waiting: int  # its requests in the shared queue not yet answered (in hand included)
     hosts: int  # other live workers that have it ready or loading
     idle_s: float  # since this worker last had work of it (inf: never)
     fits: bool  # room for it here now, in free memory or by evicting idle models
@@ -111,7 +112,7 @@ class Placement(Lifecycle):
         rng: random.Random | None = None,
     ) -> None:
         """``models``: the on-demand models of this worker's fleet; ``waiting``: the
-        queue's count of each one's requests not yet taken; ``peers``: the other live
+        queue's count of each one's requests not yet answered; ``peers``: the other live
         workers' models and states; ``taken_at``: when (on the residents' clock) this
         worker last took jobs of a model; ``announce``: put this worker's heartbeat now."""
         self.residents = residents

@@ -165,10 +165,12 @@ class Fetcher:
         return sub
 
     async def waiting(self, models: Collection[str]) -> dict[str, int]:
-        """The requests of each model not yet delivered to any worker, by the server's
-        count, for models fetched or not (their consumers made here, so that the count
-        exists before any worker hosts the model); a model the server does not answer
-        for is left out."""
+        """The requests of each model not yet answered, by the server's count: waiting,
+        in some worker's hand, or handed back (a request a worker caught for a model it
+        had just evicted goes back to wait for redelivery, which ``num_pending`` does
+        not count). For models fetched or not: their consumers are made here, so that
+        the count exists before any worker hosts the model. A model the server does not
+        answer for is left out."""
         js = self._link.js
         for model in models:
             if model not in self._counted and model not in self._subs:
@@ -188,7 +190,7 @@ class Fetcher:
                 if missing(info):
                     self._counted.discard(model)  # made again at the next look
                 continue
-            counts[model] = info.num_pending or 0
+            counts[model] = (info.num_pending or 0) + (info.num_ack_pending or 0)
         return counts
 
     # -- choosing by depth -------------------------------------------------------------

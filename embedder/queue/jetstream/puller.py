@@ -147,8 +147,8 @@ class JetStreamPuller(Lifecycle):
         return self._taken_at.get(model)
 
     async def waiting(self, models: Collection[str]) -> dict[str, int]:
-        """Each model's requests not yet taken by any worker (``Fetcher.waiting``); {}
-        while the broker is unreachable."""
+        """Each model's requests not yet answered (``Fetcher.waiting``); {} while the
+        broker is unreachable."""
         if self._fetcher is None or not self._link.connected:
             return {}
         try:

@@ -32,8 +32,19 @@ async def test_waiting_counts_a_model_no_worker_fetches_yet(
         async with asyncio.timeout(WAIT_S):
             while len(taken) < 3:
                 taken += await puller.pull(["beta"], 1_000, 0.5)
-        assert await puller.waiting(["beta"]) == {"beta": 0}
+        assert await puller.waiting(["beta"]) == {"beta": 3}  # in hand: not answered yet
+        await puller.hand_back(taken[:1])  # back, waiting for redelivery: still counted
+        assert await puller.waiting(["beta"]) == {"beta": 3}
+        taken = taken[1:]
+        async with asyncio.timeout(WAIT_S):
+            while len(taken) < 3:
+                taken += await puller.pull(["beta"], 1_000, 0.5)
         await answer(puller, taken, answers)
+
+        async def none_left() -> bool:
+            return await puller.waiting(["beta"]) == {"beta": 0}
+
+        await eventually(none_left, "the answered requests to leave the count", WAIT_S)
 
 
 async def test_a_pull_returns_only_the_models_it_asked_for(
