@@ -112,7 +112,8 @@ def run_setup(
     names = list(yaml.safe_load(gateway_fleet.read_text())["models"])
     plan = traffic.schedule(names, args.rate, args.phases, args.phase_s, args.zipf_s, args.seed)
     corpus = texts.build(200).texts
-    env = {"HF_HUB_OFFLINE": "1"}
+    # Over-long corpus texts are cut to the model's limit, as a client would ask, not refused.
+    env = {"HF_HUB_OFFLINE": "1", "FLOTILLA_AUTO_TRUNCATE": "true"}
     with NatsServer() as nats, Children(logs / name, env) as children:
         (logs / name).mkdir(parents=True, exist_ok=True)
         queue = ["--nats", nats.url, "--nats-storage", "memory", "--log-level", "info"]
