@@ -2,7 +2,9 @@
 its key (its id) fresh with its models' states every ``interval_s``; the bucket forgets
 a key after ``MISSED_BEATS`` intervals. A gateway watches the bucket and calls a model
 ready while some worker that wrote within those intervals serves it; with none, the
-model is 'loading' and the gateway answers 503 with Retry-After at once."""
+model is 'loading' and the gateway answers 503 with Retry-After at once. A worker's entry
+also lists the on-demand models it could load (``hosts``): a model one of them offers is
+'evicted' (its requests queue, and a worker's placement loads it), not refused."""
 
 from __future__ import annotations
 
