@@ -368,9 +368,16 @@ class ModelHost(Lifecycle):
         self.choices.pop(name, None)
 
     def _busy_with_jobs(self, name: str) -> bool:
+        return self.in_hand(name) > 0 or self.backlog()[name] > 0
+
+    def in_hand(self, name: str) -> int:
+        """Jobs of ``name`` its engine holds now (0 when it is not served)."""
         engine = self.served.get(name)
-        held = engine.in_hand(name) if isinstance(engine, Unloading) else 0
-        return held > 0 or self.backlog()[name] > 0
+        return engine.in_hand(name) if isinstance(engine, Unloading) else 0
+
+    def hostable(self) -> list[str]:
+        """The on-demand models this device could load (``Residents.hostable``)."""
+        return self.residents.hostable()
 
     # -- tuning in the background ----------------------------------------------
 

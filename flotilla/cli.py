@@ -20,6 +20,7 @@ from flotilla.flags import (
     HTTP_API,
     KAFKA_INGEST,
     MODELS,
+    PLACEMENT,
     PROFILES,
     PROGRESS,
     RECORDS,
@@ -85,6 +86,7 @@ def gateway(settings: Settings) -> None:
     | STORE
     | RECORDS
     | KAFKA_INGEST
+    | PLACEMENT
     | {"host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
@@ -552,6 +554,11 @@ for _name, _module, _help in (
     ("adaptive", "bench.adaptive", "The adaptive batch wait against fixed waits, in-process."),
     ("soak", "bench.soak", "Ten minutes of mixed traffic: errors, p99 and memory over time."),
     ("queue-latency", "bench.queue_latency", "One request through JetStream against in-process."),
+    (
+        "placement",
+        "bench.placement.run",
+        "On-demand models placed by the queue across workers, against a fixed assignment.",
+    ),
     (
         "chaos",
         "bench.chaos",

@@ -13,18 +13,23 @@ import logging
 import os
 import socket
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from embedder.core.lifecycle import Lifecycle
+from embedder.residency.placement import Placement
 from embedder.tasks.kind import Loader
 from flotilla import wiring
 from flotilla.settings import Settings
 from flotilla.signals import stop_event, unless_stopped
-from flotilla.transports import Puller, reply_topic, transport
+from flotilla.transports import FleetView, Heartbeat, Puller, reply_topic, transport
 from flotilla.worker_http import WorkerHttp
 from flotilla.worker_ingest import WorkerIngest
 from gateway.app import create_app
+
+if TYPE_CHECKING:
+    from embedder.core.fleet import Fleet
+    from embedder.host import ModelHost
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +83,17 @@ def serve_gateway(settings: Settings) -> None:
 async def run_worker(
     settings: Settings, stop: asyncio.Event | None = None, loader: Loader | None = None
 ) -> None:
-    """Load the fleet, then pull until ``stop`` (SIGINT/SIGTERM when not given); then
-    finish the jobs in hand and hand back the rest. With --topic, also ingest this
-    worker's share of the topic, online requests first (``flotilla.worker_ingest``)."""
+    """Load the fleet's models loaded at start, then pull until ``stop`` (SIGINT/SIGTERM
+    when not given), loading and evicting its on-demand models as the queue asks
+    (``embedder.residency.placement``); then finish the jobs in hand and hand back the
+    rest. With --topic, also ingest this worker's share of the topic, online requests
+    first (``flotilla.worker_ingest``)."""
     queue = transport(settings)
-    # A worker hosts its whole fleet: loading on demand is `flotilla serve`'s.
-    fleet = wiring.configured_fleet(settings).loaded_at_start()
+    fleet = wiring.configured_fleet(settings)
+    if settings.ingest.topic:
+        # Ingest's jobs come without a request, and its chunks wait in this worker's own
+        # queue, not the shared one placement reads: it hosts its whole fleet.
+        fleet = fleet.loaded_at_start()
     worker_id = f"{socket.gethostname()}-{os.getpid()}"
     puller = queue.puller(settings, worker_id)
     bulk = WorkerIngest(settings, puller, loader) if settings.ingest.topic else None
@@ -94,7 +104,9 @@ async def run_worker(
             settings, fleet, puller, wiring.adapter_catalog(settings, fleet), loader
         )
     )
-    heartbeat = queue.heartbeat(settings, worker_id, list(fleet.models), host)
+    heartbeat = queue.heartbeat(settings, worker_id, list(fleet.models), host, host.hostable)
+    peers = queue.fleet_status(settings)
+    placement = _placement(settings, fleet, host, puller, peers, heartbeat, worker_id)
     if stop is None:
         stop = stop_event()
     serving = False
@@ -113,16 +125,17 @@ async def run_worker(
         loaded = await unless_stopped(host.wait_ready(), stop)
         if not loaded:
             return
-        if not host.served:
+        if not host.served and not placement.models:
             raise SystemExit(f"no model could be loaded: {host.failed}")
         # Fetch only now: requests taken by a worker still loading would wait until it
         # is done. A broker not reachable yet is waited for, and a stop meanwhile obeyed.
-        if not await unless_stopped(_join(puller, bulk, heartbeat), stop):
+        if not await unless_stopped(_join(puller, bulk, heartbeat, peers, placement), stop):
             return
         serving = True
         log.info("worker: serving %s over %s", sorted(host.served), queue.name)
         await stop.wait()
         log.info("worker: stopping; finishing the jobs in hand")
+        await placement.stop()
         await heartbeat.stop()
         abandoned, _ = await asyncio.gather(
             puller.drain(DRAIN_S), bulk.stop() if bulk is not None else asyncio.sleep(0)
@@ -130,6 +143,8 @@ async def run_worker(
         if abandoned:
             log.warning("worker: %d jobs unfinished after %.0f s go back", abandoned, DRAIN_S)
     finally:
+        await placement.stop()
+        await peers.stop()
         await http.stop()
         await heartbeat.stop()
         if bulk is not None:
@@ -140,12 +155,46 @@ async def run_worker(
         await puller.stop()
 
 
-async def _join(puller: Puller, bulk: WorkerIngest | None, heartbeat: Lifecycle) -> None:
-    """The worker's side of the queue, in order: it pulls, then ingests, then says so."""
+def _placement(
+    settings: Settings,
+    fleet: Fleet,
+    host: ModelHost,
+    puller: Puller,
+    peers: FleetView,
+    heartbeat: Heartbeat,
+    worker_id: str,
+) -> Placement:
+    """The loop that loads this worker's on-demand models for the shared queue's work and
+    evicts the idle ones; it reads the other workers' heartbeats through ``peers``."""
+    on_demand = [name for name, spec in fleet.models.items() if spec.load == "on_demand"]
+    return Placement(
+        host.residents,
+        on_demand,
+        waiting=puller.waiting,
+        peers=lambda: peers.others(worker_id),
+        in_hand=host.in_hand,
+        taken_at=puller.taken_at,
+        announce=heartbeat.announce,
+        idle_evict_s=settings.idle_evict_s,
+    )
+
+
+async def _join(
+    puller: Puller,
+    bulk: WorkerIngest | None,
+    heartbeat: Heartbeat,
+    peers: FleetView,
+    placement: Placement,
+) -> None:
+    """The worker's side of the queue, in order: it pulls, then ingests, then says so;
+    then it watches the others' heartbeats and places its on-demand models."""
     await puller.start()
     if bulk is not None:
         await bulk.start()
     await heartbeat.start()
+    if placement.models:
+        await peers.start()
+        await placement.start()
 
 
 def serve_worker(settings: Settings) -> None:

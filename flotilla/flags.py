@@ -63,6 +63,9 @@ PROFILES = frozenset({"tuned_file", "untuned", "tune_budget_s", "tune_nice"})
 # wiring.model_host() and the admin API of `flotilla serve`: the memory the models may hold,
 # who may add and remove models, and the file that keeps those changes.
 RESIDENCY = frozenset({"memory_budget_mb", "fleet_state", "admin_keys"})
+# flotilla.distributed.run_worker's placement: the memory its models may hold, and how long
+# an idle on-demand model stays.
+PLACEMENT = frozenset({"memory_budget_mb", "idle_evict_s"})
 # flotilla.tune: the models, where tuned profiles go, the laws multilingual models calibrate on.
 TUNE = MODELS | {"tuned_file", "calibration_dir", "log_level"}
 # wiring.adapter_catalog(): Settings.adapters_root, where adapters are found or registered.

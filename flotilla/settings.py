@@ -75,6 +75,14 @@ class Settings(BaseSettings):
         "memory available to processes on a CPU. Lower leaves room to other processes, "
         "higher keeps more models resident (fewer loads).",
     )
+    idle_evict_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="A worker evicts an on-demand model that had no request in hand or "
+        "waiting for this many seconds (`flotilla worker`; workers load such models when "
+        "their queue has work and too few hosts). Lower frees memory for other models "
+        "sooner, higher spares reloads of a model whose requests come in bursts.",
+    )
     fleet_state: Path | None = Field(
         default=None,
         description="A YAML file recording the models added and removed through the admin "
@@ -369,6 +377,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "threads",
         "auto_truncate",
         "memory_budget_mb",
+        "idle_evict_s",
         "fleet_state",
     ),
     "Tuning": ("tuned_file", "untuned", "tune_budget_s", "tune_nice", "calibration_dir"),

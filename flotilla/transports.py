@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol
 
 from embedder.core.jobs import ModelStates
-from embedder.core.lifecycle import Lifecycle
 from embedder.queue.protocol import JobPuller, JobSubmitter
 from flotilla.settings import Settings
 
@@ -26,11 +25,22 @@ class Puller(JobPuller, Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
     async def drain(self, timeout_s: float) -> int: ...
+    # each model's requests not yet answered, the models hosted or not
+    async def waiting(self, models: Collection[str]) -> dict[str, int]: ...
+    def taken_at(self, model: str) -> float | None: ...  # when a pull last took its jobs
 
 
 class FleetView(ModelStates, Protocol):
     async def start(self) -> None: ...
     async def stop(self) -> None: ...
+    # the live workers but this one, each as its models' states (a worker's placement)
+    def others(self, worker_id: str) -> list[dict[str, dict[str, Any]]]: ...
+
+
+class Heartbeat(Protocol):
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def announce(self) -> None: ...  # now, not at the next beat
 
 
 class Transport(Protocol):
@@ -40,8 +50,13 @@ class Transport(Protocol):
     def fleet_status(self, settings: Settings) -> FleetView: ...
     def puller(self, settings: Settings, worker_id: str) -> Puller: ...
     def heartbeat(
-        self, settings: Settings, worker_id: str, models: Sequence[str], states: ModelStates
-    ) -> Lifecycle: ...
+        self,
+        settings: Settings,
+        worker_id: str,
+        models: Sequence[str],
+        states: ModelStates,
+        hosts: Callable[[], Collection[str]] = tuple,
+    ) -> Heartbeat: ...
 
 
 def _subject_safe(name: str) -> str:
@@ -93,8 +108,13 @@ class JetStreamTransport:
         )
 
     def heartbeat(
-        self, settings: Settings, worker_id: str, models: Sequence[str], states: ModelStates
-    ) -> Lifecycle:
+        self,
+        settings: Settings,
+        worker_id: str,
+        models: Sequence[str],
+        states: ModelStates,
+        hosts: Callable[[], Collection[str]] = tuple,
+    ) -> Heartbeat:
         from embedder.queue.jetstream.liveness import WorkerLiveness
 
         assert settings.nats
@@ -105,6 +125,7 @@ class JetStreamTransport:
             states=states,
             config=settings.jetstream,
             security=settings.nats_security,
+            hosts=hosts,
         )
 
 

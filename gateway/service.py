@@ -274,7 +274,8 @@ class Gateway:
                 raise NotReady(f"model {model!r} has no live worker in view: {reason}")
             raise NotReady(f"model {model!r} is still loading; retry shortly")
         if state == "failed":
-            raise NotReady(f"model {model!r} failed to load; see the server log", retry_after_s=60)
+            why = self.states.describe(model).get("reason") or "failed to load; see the server log"
+            raise NotReady(f"model {model!r}: {why}", retry_after_s=60)
 
 
 async def _disconnected(request: Request) -> None:

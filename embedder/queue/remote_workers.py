@@ -17,7 +17,11 @@ class Sighting(Protocol):
     @property
     def models(self) -> dict[str, dict[str, Any]]: ...  # model -> its state and info
 
+    @property
+    def hosts(self) -> frozenset[str]: ...  # the models it could load on demand
 
+
+NO_HOST = "no live worker can host it: bigger than every memory budget, or it failed to load"
 SILENT_GRACE_S = 10.0  # longer than a clustered broker takes to elect a new leader
 
 
@@ -49,10 +53,29 @@ class RemoteWorkers:
 
     def live(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Workers heard from lately, with their models."""
+        return {worker: seen.models for worker, seen in self._live().items()}
+
+    def _live(self) -> dict[str, Sighting]:
         now = self.clock()
-        return {
-            worker: seen.models for worker, seen in self._workers.items() if self._alive(seen, now)
-        }
+        return {worker: seen for worker, seen in self._workers.items() if self._alive(seen, now)}
+
+    @staticmethod
+    def key_of(worker_id: str) -> str:
+        """The name a worker is known by in ``live()``."""
+        return worker_id
+
+    def others(self, worker_id: str) -> list[dict[str, dict[str, Any]]]:
+        """The models of the live workers but ``worker_id``: a worker's view of its peers."""
+        me = self.key_of(worker_id)
+        return [models for worker, models in self.live().items() if worker != me]
+
+    def placeable(self, model: str) -> int:
+        """Live workers that could load ``model`` on demand and have not failed it."""
+        return sum(
+            1
+            for seen in self._live().values()
+            if model in seen.hosts and seen.models.get(model, {}).get("state") != "failed"
+        )
 
     def _alive(self, seen: Sighting, now: float) -> bool:
         if seen.expires > now:
@@ -63,9 +86,15 @@ class RemoteWorkers:
         return silent and not self.cut_off() and now < since + SILENT_GRACE_S
 
     def state(self, model: str) -> ModelState:
+        """'ready' while a live worker serves it; 'evicted' while none does but one could
+        load it on demand (its requests queue: a worker's placement takes them); else
+        'loading' while one loads it at start, or none is heard of; else 'failed' (no
+        live worker can host it: too big for every budget, or failed wherever tried)."""
         states = {m[model].get("state") for m in self.live().values() if model in m}
         if "ready" in states:
             return "ready"
+        if self.placeable(model):
+            return "evicted"
         if "loading" in states or not states:
             return "loading"
         return "failed"
@@ -76,6 +105,9 @@ class RemoteWorkers:
         ]
         if not serving:
             why = self.unheard()
-            return {"workers": 0, "reason": why} if why else {"workers": 0}
+            if why is None and self.state(model) == "failed":
+                why = NO_HOST
+            hosts = {"hosts": n} if (n := self.placeable(model)) else {}
+            return {"workers": 0, "reason": why, **hosts} if why else {"workers": 0, **hosts}
         info = {k: v for k, v in serving[0].items() if k != "state"}
         return {**info, "workers": len(serving)}

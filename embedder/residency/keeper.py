@@ -141,15 +141,62 @@ class Residents:
 
     # -- loading --------------------------------------------------------------------
 
-    async def load(self, name: str, *, waits: bool = False) -> None:
-        """Make ``name`` resident; failures are kept in its record (and its queued jobs
-        answered with them), never raised. ``waits``: for memory held by models in use,
-        up to the last deadline of the requests that want it; else loaded regardless."""
+    def place(self, name: str) -> asyncio.Task[None]:
+        """Load ``name`` for work waiting in a queue shared with other machines: it says
+        'loading' at once (so its heartbeat tells the others before they load it too), it
+        takes room from idle models or else past the budget, and a failure is kept in its
+        record without answering the queue's jobs (another machine may host it)."""
+        task = self._loads.get(name)
+        if task is not None:
+            return task
+        record = self.records[name]
+        if record.state != "ready":
+            record.state, record.loading_since = "loading", self.clock()
+        record.last_used = self.clock()
+        task = self._loads[name] = asyncio.create_task(self._placed(name), name=f"place-{name}")
+        return task
+
+    async def _placed(self, name: str) -> None:
+        try:
+            await self.load(name, refuses=False)
+        finally:
+            self._loads.pop(name, None)
+
+    def room_for(self, name: str) -> bool:
+        """Whether ``name`` fits now, in free memory or by evicting idle models."""
+        record = self.records[name]
+        need = record.expected_bytes if record.state not in ("ready", "loading") else 0
+        chosen = victims(self.records.values(), need, self.budget, self._busy, loading=name)
+        return chosen is not None
+
+    def hostable(self) -> list[str]:
+        """The on-demand models this device could hold beside its pinned ones, less those
+        that failed here lately (they say so themselves until ``FAILED_RETRY_S``)."""
+        now = self.clock()
+        return sorted(
+            r.name
+            for r in self.records.values()
+            if r.on_demand
+            and r.expected_bytes <= self.budget - self._pinned_bytes(r.name)
+            and not (r.state == "failed" and not self.retry_due(r, now))
+        )
+
+    @staticmethod
+    def retry_due(record: Residency, now: float) -> bool:
+        """A failed model may load again: it was loaded on demand, long enough ago."""
+        return record.failed_at is not None and now - record.failed_at >= FAILED_RETRY_S
+
+    async def load(self, name: str, *, waits: bool = False, refuses: bool = True) -> None:
+        """Make ``name`` resident; failures are kept in its record (and, ``refuses``, its
+        queued jobs answered with them), never raised. ``waits``: for memory held by
+        models in use, up to the last deadline of the requests that want it; else loaded
+        regardless."""
         record = self.records[name]
         async with self._lock:
             if record.state == "ready" or self.records.get(name) is not record:
                 return
-            record.state, record.loading_since, record.error = "loading", self.clock(), None
+            record.state, record.error = "loading", None
+            record.loading_since = record.loading_since or self.clock()
             try:
                 await self._make_room(record, waits)
                 await self._load_retrying(record)
@@ -158,11 +205,13 @@ class Residents:
                 record.state, record.error = "evicted", exc.message
                 metrics.MODEL_LOADS.labels(name, "no_room").inc()
                 log.warning("%s: not loaded: %s", name, exc.message)
-                await self._refuse(name, exc)
+                if refuses:
+                    await self._refuse(name, exc)
             except Exception as exc:
                 self._failed(record, exc)
                 error = NotReady(f"model {name!r} failed to load: {record.error}", retry_after_s=30)
-                await self._refuse(name, error)
+                if refuses:
+                    await self._refuse(name, error)
             finally:
                 record.loading_since = None
 

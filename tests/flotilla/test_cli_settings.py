@@ -79,13 +79,15 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
         }
     ),
     # flotilla.distributed.run_worker: the fleet on this device, the puller, request
-    # limits, adapters, heartbeats, and its own /metrics server on --host; with --topic
+    # limits, adapters, heartbeats, the placement of on-demand models (memory budget,
+    # idle eviction), and its own /metrics server on --host; with --topic
     # (flotilla.worker_ingest) the store, the record rules and the Kafka source.
     ("worker",): frozenset(
         {
             *("host", "worker_port", "log_level"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
+            *("memory_budget_mb", "idle_evict_s"),
             *("max_inputs_per_request", "auto_truncate"),
             *("ocr_max_document_bytes", "ocr_max_pages", "ocr_max_pixels", "ocr_pdf_dpi"),
             *("ocr_local_roots",),

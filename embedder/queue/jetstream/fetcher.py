@@ -110,6 +110,7 @@ class Fetcher:
         # dead-letter them): the next pull takes them.
         self._kept: list[Msg] = []
         self._handing: set[asyncio.Future[None]] = set()
+        self._counted: set[str] = set()  # models whose consumer ``waiting`` has made
 
     async def fetch(self, models: Collection[str], batch: int, timeout_s: float) -> list[Msg]:
         """Up to ``batch`` messages: what an earlier wait's fetches brought; else the
@@ -162,6 +163,35 @@ class Fetcher:
             sub = await js.pull_subscribe_bind(durable=durable, stream=self.config.stream)
             self._subs[model] = sub
         return sub
+
+    async def waiting(self, models: Collection[str]) -> dict[str, int]:
+        """The requests of each model not yet answered, by the server's count: waiting,
+        in some worker's hand, or handed back (a request a worker caught for a model it
+        had just evicted goes back to wait for redelivery, which ``num_pending`` does
+        not count). For models fetched or not: their consumers are made here, so that
+        the count exists before any worker hosts the model. A model the server does not
+        answer for is left out."""
+        js = self._link.js
+        for model in models:
+            if model not in self._counted and model not in self._subs:
+                await ensure_consumer(js, self.config, model)
+                self._counted.add(model)
+        asked = list(models)
+        infos = await asyncio.gather(
+            *(
+                js.consumer_info(self.config.stream, self.config.consumer(m), timeout=IDLE_FETCH_S)
+                for m in asked
+            ),
+            return_exceptions=True,
+        )
+        counts: dict[str, int] = {}
+        for model, info in zip(asked, infos, strict=True):
+            if isinstance(info, BaseException):
+                if missing(info):
+                    self._counted.discard(model)  # made again at the next look
+                continue
+            counts[model] = (info.num_pending or 0) + (info.num_ack_pending or 0)
+        return counts
 
     # -- choosing by depth -------------------------------------------------------------
 

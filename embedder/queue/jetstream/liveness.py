@@ -2,7 +2,9 @@
 its key (its id) fresh with its models' states every ``interval_s``; the bucket forgets
 a key after ``MISSED_BEATS`` intervals. A gateway watches the bucket and calls a model
 ready while some worker that wrote within those intervals serves it; with none, the
-model is 'loading' and the gateway answers 503 with Retry-After at once."""
+model is 'loading' and the gateway answers 503 with Retry-After at once. A worker's entry
+also lists the on-demand models it could load (``hosts``): a model one of them offers is
+'evicted' (its requests queue, and a worker's placement loads it), not refused."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,11 +57,15 @@ class WorkerLiveness(Lifecycle):
         config: JetStreamConfig | None = None,
         interval_s: float = INTERVAL_S,
         security: NatsSecurity | None = None,
+        hosts: Callable[[], Collection[str]] = tuple,
     ) -> None:
+        """``hosts``: the models this worker could load on demand (its heartbeat says so,
+        so that a gateway queues their requests instead of refusing them)."""
         self.url = url
         self.worker_id = worker_id
         self.models = list(models)
         self.states = states
+        self.hosts = hosts
         self.config = config or JetStreamConfig()
         self.interval_s = interval_s
         self._link = Connection(url, f"flotilla-liveness {worker_id}", self._establish, security)
@@ -95,7 +101,18 @@ class WorkerLiveness(Lifecycle):
                 name: {"state": self.states.state(name), **self.states.describe(name)}
                 for name in self.models
             },
+            "hosts": sorted(self.hosts()),
         }
+
+    async def announce(self) -> None:
+        """Put the entry now, not at the next beat: a load that just started tells the
+        other workers before they start the same one."""
+        if self._kv is None or not self._link.connected:
+            return
+        try:
+            await self._put()
+        except (NatsError, TimeoutError) as exc:
+            self._failures.warning("liveness update failed: %r", exc)
 
     async def _put(self) -> None:
         assert self._kv is not None
@@ -118,6 +135,7 @@ class WorkerLiveness(Lifecycle):
 class _Seen:
     expires: float  # on this gateway's clock: no clock is shared across machines
     models: dict[str, dict[str, Any]]
+    hosts: frozenset[str] = frozenset()  # the models it could load on demand
 
 
 class FleetLiveness(RemoteWorkers, Lifecycle):
@@ -157,6 +175,10 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
 
     def cut_off(self) -> bool:
         return not self._link.connected
+
+    @staticmethod
+    def key_of(worker_id: str) -> str:
+        return _key(worker_id)
 
     def unheard(self) -> str | None:
         if not self._link.connected:
@@ -225,8 +247,9 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
             beat = json.loads(entry.value)
             expires = self.clock() + MISSED_BEATS * float(beat["interval_s"])
             models = {str(k): dict(v) for k, v in dict(beat["models"]).items()}
+            hosts = frozenset(map(str, beat.get("hosts", ())))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("unreadable liveness entry %r: %s", entry.value[:200], exc)
             return
-        self._workers[entry.key] = _Seen(expires, models)
+        self._workers[entry.key] = _Seen(expires, models, hosts)
         self._heard_after = self._link.reconnects

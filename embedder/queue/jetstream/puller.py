@@ -22,7 +22,7 @@ from embedder.queue.jetstream import wire
 from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.connection import Connection
 from embedder.queue.jetstream.dead_letters import DeadLetters
-from embedder.queue.jetstream.fetcher import HANDLED, Fetcher
+from embedder.queue.jetstream.fetcher import HANDED_ON, HANDLED, Fetcher
 from embedder.queue.jetstream.security import NatsSecurity
 from embedder.queue.jetstream.streams import ensure_streams
 from embedder.queue.protocol import Outcome, Partial
@@ -79,6 +79,7 @@ class JetStreamPuller(Lifecycle):
         self._released = asyncio.Event()
         self._keepalive: asyncio.Task[None] | None = None
         self._dead: DeadLetters | None = None
+        self._taken_at: dict[str, float] = {}  # model -> when a pull last took its jobs
 
     async def start(self) -> None:
         if self._link.opened:
@@ -140,6 +141,22 @@ class JetStreamPuller(Lifecycle):
     def in_hand(self) -> int:
         return len(self._held)
 
+    def taken_at(self, model: str) -> float | None:
+        """When (``clock``) a pull last took jobs of ``model``: its last use here, however
+        quickly they were answered."""
+        return self._taken_at.get(model)
+
+    async def waiting(self, models: Collection[str]) -> dict[str, int]:
+        """Each model's requests not yet answered (``Fetcher.waiting``); {} while the
+        broker is unreachable."""
+        if self._fetcher is None or not self._link.connected:
+            return {}
+        try:
+            return await self._fetcher.waiting(models)
+        except (NatsError, TimeoutError) as exc:
+            log.debug("the queue's counts are unknown: %r", exc)
+            return {}
+
     # -- JobPuller ---------------------------------------------------------------------
 
     async def pull(self, models: Collection[str], max_tokens: int, timeout_s: float) -> list[Job]:
@@ -152,6 +169,14 @@ class JetStreamPuller(Lifecycle):
         messages = await self._fetcher.fetch(models, batch, timeout_s)
         now = self.clock()
         jobs = [job for msg in messages if (job := await self._admit(msg, now)) is not None]
+        # A fetch left open by an earlier pull may bring a model no longer asked for (one
+        # evicted since): back at once, for a worker that hosts it.
+        for job in [job for job in jobs if job.model not in models]:
+            stray = self._held.pop(job.id)
+            HANDED_ON.inc()
+            with contextlib.suppress(NatsError):
+                await stray.msg.nak()
+        jobs = [job for job in jobs if job.model in models]
         if jobs:
             sizes = sum(job.est_tokens for job in jobs) / len(jobs)
             self._tokens_per_job = 0.8 * self._tokens_per_job + 0.2 * max(1.0, sizes)
@@ -163,6 +188,8 @@ class JetStreamPuller(Lifecycle):
             with contextlib.suppress(NatsError):
                 await held.msg.nak(delay=self.config.nak_delay_ms / 1e3)
         TAKEN.inc(len(taken))
+        for job in taken:
+            self._taken_at[job.model] = now
         return taken
 
     async def hand_back(self, jobs: Sequence[Job]) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from embedder.queue.remote_workers import SILENT_GRACE_S, RemoteWorkers
+from embedder.queue.remote_workers import NO_HOST, SILENT_GRACE_S, RemoteWorkers
 
 TTL_S = 3.0
 
@@ -16,6 +16,7 @@ TTL_S = 3.0
 class Seen:
     expires: float
     models: dict[str, dict[str, Any]] = field(default_factory=lambda: {"alpha": {"state": "ready"}})
+    hosts: frozenset[str] = frozenset()
 
 
 class View(RemoteWorkers):
@@ -67,3 +68,26 @@ def test_cut_off_the_view_is_empty_and_back_the_workers_last_heard_get_the_grace
     assert set(view.live()) == {"a"}  # reconnecting too: requests queue meanwhile
     view.now = 20.0 + SILENT_GRACE_S + 0.1
     assert view.live() == {}
+
+
+def test_a_model_a_live_worker_can_load_on_demand_is_evicted_and_queued_not_refused() -> None:
+    view = View()
+    # "a" could load beta (it fits its budget); "b" holds alpha and has no room for beta
+    view._workers["a"] = Seen(TTL_S, {"beta": {"state": "evicted"}}, frozenset({"beta"}))
+    view._workers["b"] = Seen(TTL_S, {"beta": {"state": "evicted"}})
+    view._last_word = 0.0
+    assert view.state("beta") == "evicted"  # the gateway queues it; "a" will load it
+    assert view.describe("beta") == {"workers": 0, "hosts": 1}
+    view._workers["a"].models["beta"] = {"state": "loading"}
+    assert view.state("beta") == "evicted"  # still queued while it loads on demand
+    view._workers["a"].models["beta"] = {"state": "ready"}
+    assert view.state("beta") == "ready"
+
+
+def test_a_model_no_live_worker_can_host_is_failed_with_the_reason() -> None:
+    view = View()
+    view._workers["a"] = Seen(TTL_S, {"huge": {"state": "evicted"}}, frozenset({"small"}))
+    view._workers["b"] = Seen(TTL_S, {"huge": {"state": "failed"}}, frozenset({"huge"}))
+    view._last_word = 0.0
+    assert view.state("huge") == "failed"  # too big for "a", failed on "b": 503 at once
+    assert view.describe("huge") == {"workers": 0, "reason": NO_HOST}
