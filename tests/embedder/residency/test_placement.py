@@ -100,6 +100,9 @@ class FakeMemory:
     def release(self) -> None:
         pass
 
+    def settle(self) -> None:
+        pass
+
 
 class World:
     """A worker's residents (100 MB models, a budget of 250 MB: two fit), the queue's
