@@ -66,6 +66,7 @@ bench: kafka-jars ocr-fonts
 	$(BIN)/flotilla bench generate
 	$(BIN)/flotilla bench ocr
 	$(BIN)/flotilla bench fleet
+	$(BIN)/flotilla bench placement
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis site
