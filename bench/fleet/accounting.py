@@ -54,13 +54,7 @@ def model_row(model: str, answers: Sequence[Answer]) -> dict[str, Any]:
     cosines = [a.cosine for a in answers if a.cosine is not None]
     return {
         "model": model,
-        "requests": len(answers),
-        "answers": dict(Counter(a.outcome for a in answers).most_common()),
-        "correct": len(ok_ms),
-        "refused": sum(a.outcome == REFUSED and a.retry_after is not None for a in answers),
-        "errors": sum(not a.allowed for a in answers),
-        "p50_ms": report.percentile(ok_ms, 50),
-        "p99_ms": report.percentile(ok_ms, 99),
+        **totals(answers),
         "max_ms": max(ok_ms) if ok_ms else float("nan"),
         "worst_cosine": min(cosines) if cosines else None,
     }
