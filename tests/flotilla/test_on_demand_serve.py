@@ -35,11 +35,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 @pytest.fixture
 def served(models: tuple[Path, Path], tmp_path: Path) -> Iterator[tuple[str, ModelHost]]:
-    fleet = tmp_path / "fleet.yaml"
+    fleet = tmp_path / "fleet.yaml"  # names of their own: the metrics are per process
     entries = {
         name: {"source": {"path": str(folder)}, "max_tokens": 64, "profiles": PROFILE,
                "load": "on_demand"}
-        for name, folder in zip(("first", "second"), models, strict=True)
+        for name, folder in zip(("od-first", "od-second"), models, strict=True)
     }  # fmt: skip
     fleet.write_text(yaml.safe_dump({"models": entries}), encoding="utf-8")
     settings = Settings(
@@ -64,23 +64,23 @@ async def test_the_first_request_loads_its_model(
     texts = ["a first request", "and another one"]
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         ready = await client.get("/ready")
-        assert ready.status_code == 200 and ready.json()["models"]["first"] == "evicted"
-        answer = await client.post("/v1/embeddings", json={"model": "first", "input": texts})
+        assert ready.status_code == 200 and ready.json()["models"]["od-first"] == "evicted"
+        answer = await client.post("/v1/embeddings", json={"model": "od-first", "input": texts})
         assert answer.status_code == 200, answer.text
         got = np.array([row["embedding"] for row in answer.json()["data"]])
         assert np.abs(got - alone(models[0], texts)).max() < 1e-5
         listed = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
-        assert listed["first"]["state"] == "ready" and listed["first"]["loads"] == 1
-        assert listed["first"]["memory_bytes"] > 0 and listed["first"]["load"] == "on_demand"
-        assert listed["second"]["state"] == "evicted" and listed["second"]["loads"] == 0
+        assert listed["od-first"]["state"] == "ready" and listed["od-first"]["loads"] == 1
+        assert listed["od-first"]["memory_bytes"] > 0 and listed["od-first"]["load"] == "on_demand"
+        assert listed["od-second"]["state"] == "evicted" and listed["od-second"]["loads"] == 0
         metrics = (await client.get("/metrics")).text
         assert re.search(
-            r'flotilla_model_loads_total\{model="first",outcome="loaded"\} 1\.0', metrics
+            r'flotilla_model_loads_total\{model="od-first",outcome="loaded"\} 1\.0', metrics
         )
 
-        host.residents.records["second"].load_s = 30.0  # as if it had taken 30 s before
+        host.residents.records["od-second"].load_s = 30.0  # as if it had taken 30 s before
         late = await client.post(
-            "/v1/embeddings", json={"model": "second", "input": ["hurry"]},
+            "/v1/embeddings", json={"model": "od-second", "input": ["hurry"]},
             headers={"x-request-timeout-ms": "2000"},
         )  # fmt: skip
         assert late.status_code == 503 and late.headers["retry-after"] == "30", late.text
