@@ -333,10 +333,7 @@ class ModelHost(Lifecycle):
     def _busy(self, name: str) -> bool:
         """Jobs in hand or waiting for ``name``; a model on an engine that cannot unload
         one counts as busy, so it is never evicted."""
-        engine = self.served.get(name)
-        if not isinstance(engine, Unloading):
-            return True
-        return engine.in_hand(name) > 0 or self.backlog()[name] > 0
+        return not isinstance(self.served.get(name), Unloading) or self._busy_with_jobs(name)
 
     async def _refuse(self, name: str, error: FlotillaError) -> None:
         """Answer every job waiting for ``name`` with ``error``: it will not load in time."""

@@ -24,7 +24,7 @@ from embedder.core.errors import FlotillaError, NoRoom, NotReady
 from embedder.core.fleet import DeviceKind
 from embedder.core.jobs import ModelState
 from embedder.residency.memory import MB, MemoryMeter, budget_bytes, meter_for
-from embedder.residency.records import Residency, held_bytes, victims
+from embedder.residency.records import Residency, evictable, held_bytes, victims
 from embedder.serving import metrics
 
 log = logging.getLogger(__name__)
@@ -267,8 +267,8 @@ class Residents:
             log.warning(
                 "%s: out of memory while loading; evicting idle models, retrying", record.name
             )
-            for name in self._evictable(exclude=record.name):
-                await self._evict(name, f"after {record.name} ran out of memory")
+            for idle in evictable(self.records.values(), self._busy, loading=record.name):
+                await self._evict(idle.name, f"after {record.name} ran out of memory")
             await self._load_measured(record)
 
     async def _load_measured(self, record: Residency) -> None:
@@ -324,13 +324,6 @@ class Residents:
     def _pinned_bytes(self, exclude: str) -> int:
         """What the pinned models hold: memory no eviction can free."""
         return held_bytes(r for r in self.records.values() if r.name != exclude and r.pinned)
-
-    def _evictable(self, *, exclude: str) -> list[str]:
-        return [
-            r.name
-            for r in self.records.values()
-            if r.state == "ready" and not r.pinned and r.name != exclude and not self._busy(r.name)
-        ]
 
     async def _evict(self, name: str, why: str) -> None:
         """Unload ``name`` and hand its memory back; a request that comes meanwhile finds

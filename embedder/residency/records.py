@@ -58,6 +58,18 @@ def held_bytes(records: Iterable[Residency]) -> int:
     return sum(r.expected_bytes for r in records if r.state in ("ready", "loading"))
 
 
+def evictable(
+    records: Iterable[Residency], busy: Callable[[str], bool], *, loading: str
+) -> list[Residency]:
+    """The models an eviction may take: resident, not pinned, with no job in hand or
+    waiting (``busy``), and not ``loading`` itself."""
+    return [
+        r
+        for r in records
+        if r.state == "ready" and not r.pinned and r.name != loading and not busy(r.name)
+    ]
+
+
 def victims(
     records: Iterable[Residency],
     need: int,
@@ -75,12 +87,7 @@ def victims(
     if over <= 0:
         return []
     candidates = sorted(
-        (
-            r
-            for r in records
-            if r.state == "ready" and not r.pinned and r.name != loading and not busy(r.name)
-        ),
-        key=lambda r: (r.last_used or 0.0, r.name),
+        evictable(records, busy, loading=loading), key=lambda r: (r.last_used or 0.0, r.name)
     )
     chosen: list[str] = []
     for record in candidates:
