@@ -288,16 +288,18 @@ class ModelHost(Lifecycle):
             spec.name, pinned=spec.pinned, on_demand=on_demand, estimate=estimate, family=family
         )
 
-    async def _prepare_model(self, name: str) -> None:
-        """Import the libraries ``name``'s runtime loads with, before its load is measured."""
+    async def _prepare_model(self, name: str) -> str | None:
+        """Import the libraries ``name``'s runtime loads with, before its load is measured;
+        returns which runtime that was (``Prepare``)."""
         assert self._device is not None
         spec = self.fleet.get(name)
         kind = kind_of(spec.task)
         prepare = kind.prepare
-        if prepare is not None and kind.name not in self.loaders:  # a loader of its own
-            # (a test's, a benchmark's) imports what it needs itself
-            choice = await asyncio.to_thread(self.choose_profile, spec, self._device)
-            await asyncio.to_thread(prepare, choice.apply(spec, self._device), self._device)
+        if prepare is None or kind.name in self.loaders:  # a loader of its own (a test's,
+            return None  # a benchmark's) imports what it needs itself
+        choice = await asyncio.to_thread(self.choose_profile, spec, self._device)
+        await asyncio.to_thread(prepare, choice.apply(spec, self._device), self._device)
+        return f"{kind.name}:{choice.profile.runtime}"
 
     async def _load_model(self, name: str) -> None:
         """Load ``name`` and serve it on its kind's engine; raises if it cannot."""

@@ -31,8 +31,11 @@ MB = 1024 * 1024
 SETTLE_S = 0.3  # after an answer, before its level is read
 SERVE_TEXTS = 32  # the batch each entry serves after its load: a full one under the load
 WINDOW_S = 0.5
-LARGEST_MARGIN = 1.3  # the budget holds the largest model with this much room: one load
-# of it measured 13% above its calibration (e5 on ONNX Runtime, 805 and 906 MB)
+LARGEST_MARGIN = 1.5  # the budget holds the largest model with this much room: one load
+# of it measured 14% above its calibration (e5 on ONNX Runtime, 805 and 921 MB), and the
+# host counts memory beyond the models' measures against the budget too (other models'
+# batches in flight, what evictions keep): about 150 MB when e5 came to load in a
+# 12-entry run, a 1.3 margin's room short
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,12 @@ to the last deadline of the requests that want it. A load that fails for memory 
 every idle model and tries once more; a model still over the budget after loading is
 unloaded and failed. A failed model answers 503 with the reason, and loads again on a
 request after ``FAILED_RETRY_S``; one that failed at start stays failed.
+
+The budget is kept on what the device holds, measured, not only on what the loads
+measured: memory that evictions did not hand back (a runtime's caches, the allocator's
+fragments) and a batch's working memory count against it too (``unaccounted``). What
+the process held before any model (``outside``: the interpreter, the server, each
+runtime's libraries as they are first imported) does not.
 """
 
 from __future__ import annotations
@@ -33,7 +39,9 @@ FAILED_RETRY_S = 30.0  # a failed on-demand model loads again on a request after
 ROOM_POLL_S = 0.05  # how often a load waiting for memory looks for an idle model
 
 Load = Callable[[str], Awaitable[None]]  # load and serve a model; raises if it cannot
-Prepare = Callable[[str], Awaitable[None]]  # import what a load needs; not measured
+# Import what a load needs; returns what it set up (a runtime's name), whose memory is
+# measured the first time and kept outside the budget, or None if nothing.
+Prepare = Callable[[str], Awaitable[str | None]]
 Unload = Callable[[str], Awaitable[None]]  # stop serving a model and drop its runtime
 Refuse = Callable[[str, FlotillaError], Awaitable[None]]  # answer its queued jobs with
 
@@ -56,6 +64,8 @@ class Residents:
         self.records: dict[str, Residency] = {}
         self._load, self._unload, self._busy, self._refuse = load, unload, busy, refuse
         self._prepare = prepare
+        self._prepared: set[str] = set()  # what ``prepare`` set up, its memory in ``outside``
+        self.outside = 0  # bytes the device holds that no model accounts for, nor frees
         self.clock = clock
         self._lock = asyncio.Lock()  # one load or eviction at a time: each measured alone
         self._loads: dict[str, asyncio.Task[None]] = {}  # on-demand loads under way
@@ -64,6 +74,7 @@ class Residents:
     def attach(self, device: DeviceKind, meter: MemoryMeter | None = None) -> None:
         self.meter = meter or meter_for(device)
         self.budget = budget_bytes(self.budget_mb, device)
+        self.outside = self.meter.used()
         log.info("memory budget for the models on %s: %.0f MB", device, self.budget / MB)
 
     def track(
@@ -83,7 +94,17 @@ class Residents:
         metrics.MODEL_MEMORY_BYTES.labels(name).set(0)
 
     def held(self) -> int:
-        return held_bytes(self.records.values())
+        """What the models hold by their records, and what the device holds beyond it."""
+        return held_bytes(self.records.values()) + self.unaccounted()
+
+    def unaccounted(self) -> int:
+        """Bytes the device holds beyond ``outside`` and the resident models' measures:
+        memory evictions did not hand back, a batch's working memory. The budget counts
+        it: evicting one more model is the only way to make up for it."""
+        if self.meter is None:
+            return 0
+        resident = sum(r.memory_bytes or 0 for r in self.records.values() if r.state == "ready")
+        return max(self.meter.used() - self.outside - resident, 0)
 
     # -- requests ---------------------------------------------------------------------
 
@@ -165,7 +186,8 @@ class Residents:
     def room_for(self, name: str) -> bool:
         """Whether ``name`` fits now, in free memory or by evicting idle models."""
         record = self.records[name]
-        need = record.expected_bytes if record.state not in ("ready", "loading") else 0
+        need = record.loading_bytes if record.state not in ("ready", "loading") else 0
+        need += self.unaccounted()
         chosen = victims(self.records.values(), need, self.budget, self._busy, loading=name)
         return chosen is not None
 
@@ -177,7 +199,7 @@ class Residents:
             r.name
             for r in self.records.values()
             if r.on_demand
-            and r.expected_bytes <= self.budget - self._pinned_bytes(r.name)
+            and r.loading_bytes <= self.budget - self._pinned_bytes(r.name)
             and not (r.state == "failed" and not self.retry_due(r, now))
         )
 
@@ -189,18 +211,20 @@ class Residents:
     async def load(self, name: str, *, waits: bool = False, refuses: bool = True) -> None:
         """Make ``name`` resident; failures are kept in its record (and, ``refuses``, its
         queued jobs answered with them), never raised. ``waits``: for memory held by
-        models in use, up to the last deadline of the requests that want it; else loaded
-        regardless."""
+        models in use, up to the last deadline of the requests waiting when the load
+        starts (later ones do not stretch a wait that holds every other load back); else
+        loaded regardless."""
         record = self.records[name]
         async with self._lock:
             if record.state == "ready" or self.records.get(name) is not record:
                 return
             record.state, record.error = "loading", None
             record.loading_since = record.loading_since or self.clock()
+            until = self._wanted_until.get(name, 0.0) if waits else None
             try:
-                await self._make_room(record, waits)
+                await self._make_room(record, until)
                 await self._load_retrying(record)
-                await self._fit(record, waits)
+                await self._fit(record, until)
             except NoRoom as exc:
                 record.state, record.error = "evicted", exc.message
                 metrics.MODEL_LOADS.labels(name, "no_room").inc()
@@ -223,31 +247,26 @@ class Residents:
         record.failed_at = self.clock() if record.on_demand or record.loads else None
         metrics.MODEL_LOADS.labels(record.name, "failed").inc()
 
-    async def _make_room(self, record: Residency, waits: bool) -> None:
+    async def _make_room(self, record: Residency, until: float | None) -> None:
+        """Evict idle models until ``record`` fits; if models in use hold the room, wait
+        for them up to ``until`` (None: load past the budget instead)."""
         while True:
-            chosen = victims(self.records.values(), 0, self.budget, self._busy, loading=record.name)
-            if chosen:
-                for name in chosen:
-                    await self._evict(name, f"to make room for {record.name}")
-                continue
+            chosen = self._victims(record)
             if chosen == []:
                 return
-            if waits and record.expected_bytes > self.budget - self._pinned_bytes(record.name):
-                raise MemoryError(
-                    f"{record.name!r} needs {record.expected_bytes / MB:.0f} MB; the budget "
-                    f"({self.budget / MB:.0f} MB, --memory-budget-mb) leaves "
-                    f"{(self.budget - self._pinned_bytes(record.name)) / MB:.0f} MB beside the "
-                    "pinned models"
-                )
-            if not waits:
+            for name in chosen or ():
+                await self._evict(name, f"to make room for {record.name}")
+            if chosen:
+                continue
+            if until is None:
                 log.warning(
                     "%s: loading past the memory budget (%.0f of %.0f MB held): the models "
                     "resident are pinned or in use",
                     record.name, self.held() / MB, self.budget / MB,
                 )  # fmt: skip
                 return
-            until = self._wanted_until.get(record.name, 0.0) - (record.load_s or 0.0)
-            if self.clock() >= until:
+            self._could_fit(record)
+            if self.clock() >= until - (record.load_s or 0.0):
                 raise NoRoom(
                     f"the memory budget ({self.budget / MB:.0f} MB, --memory-budget-mb) is "
                     f"held by models in use or pinned; {record.name!r} "
@@ -256,6 +275,30 @@ class Residents:
                     retry_after_s=5,
                 )
             await asyncio.sleep(ROOM_POLL_S)
+
+    def _could_fit(self, record: Residency) -> None:
+        """Raise unless ``record`` would fit once the models in use fall idle: MemoryError
+        if it is larger than the budget beside the pinned models (it never fits), NoRoom
+        if memory held outside every model's measure leaves too little (waiting for a
+        model to fall idle would not help)."""
+        room = self.budget - self._pinned_bytes(record.name)
+        size = record.loading_bytes if record.state == "loading" else record.expected_bytes
+        if size > room:
+            raise MemoryError(
+                f"{record.name!r} needs {size / MB:.0f} MB; the budget "
+                f"({self.budget / MB:.0f} MB, --memory-budget-mb) leaves {room / MB:.0f} MB "
+                "beside the pinned models"
+            )
+        outside = self.unaccounted()
+        if size > room - outside:
+            raise NoRoom(
+                f"{record.name!r} needs {size / MB:.0f} MB; of the budget "
+                f"({self.budget / MB:.0f} MB, --memory-budget-mb) {outside / MB:.0f} MB are "
+                "held beyond the models' own measures (memory evictions did not hand back, "
+                f"batches' working memory) and {(self.budget - room) / MB:.0f} MB by pinned "
+                "models: retry, or raise the budget",
+                retry_after_s=5,
+            )
 
     async def _load_retrying(self, record: Residency) -> None:
         """Load once; on running out of memory, evict every idle model and try again."""
@@ -273,15 +316,16 @@ class Residents:
 
     async def _load_measured(self, record: Residency) -> None:
         assert self.meter is not None, "attach() the device first"
-        if self._prepare is not None:
-            await self._prepare(record.name)
+        await self._prepare_measured(record.name)
         # Freed memory the allocator still holds would be reused by the load and hide it.
         await asyncio.to_thread(self.meter.settle)
         before = self.meter.used()
+        self.meter.reset_peak()
         started = time.perf_counter()
         await self._load(record.name)
         record.load_s = time.perf_counter() - started
         record.memory_bytes = max(self.meter.used() - before, 0)
+        record.load_peak_bytes = max(self.meter.peak() - before, 0)
         record.state, record.loads = "ready", record.loads + 1
         for sibling in self.records.values():
             if record.family and sibling.family == record.family and sibling.memory_bytes is None:
@@ -295,31 +339,51 @@ class Residents:
             self.budget / MB,
         )  # fmt: skip
 
-    async def _fit(self, record: Residency, waits: bool) -> None:
+    async def _prepare_measured(self, name: str) -> None:
+        """Run ``prepare`` for ``name``; what it sets up the first time (a runtime's
+        libraries, imported once per process) joins ``outside``: no eviction frees it."""
+        if self._prepare is None:
+            return
+        assert self.meter is not None
+        before = self.meter.used()
+        what = await self._prepare(name)
+        if what is None or what in self._prepared:
+            return
+        self._prepared.add(what)
+        await asyncio.to_thread(self.meter.settle)
+        grew = max(self.meter.used() - before, 0)
+        self.outside += grew
+        log.info("%s: set up for %s, %.0f MB outside the budget", what, name, grew / MB)
+
+    async def _fit(self, record: Residency, until: float | None) -> None:
         """Past the budget now that its real size is known: evict others, waiting (as a
-        load does) for busy ones to fall idle; unload it if it cannot fit at all."""
+        load does) for busy ones to fall idle up to ``until``; unload it if it cannot fit."""
         while True:
-            chosen = victims(self.records.values(), 0, self.budget, self._busy, loading=record.name)
+            chosen = self._victims(record)
             for name in chosen or ():
                 await self._evict(name, f"to make room for {record.name}")
             if chosen is not None or record.pinned or not record.on_demand:
                 return
-            size = record.expected_bytes
-            if size > self.budget - self._pinned_bytes(record.name):
+            try:
+                self._could_fit(record)
+                if until is None or self.clock() >= until:
+                    raise NoRoom(
+                        f"the memory budget ({self.budget / MB:.0f} MB, --memory-budget-mb) "
+                        f"is held by models in use; {record.name!r} "
+                        f"({record.expected_bytes / MB:.0f} MB) could not stay: retry, or "
+                        "raise the budget",
+                        retry_after_s=5,
+                    )
+            except (MemoryError, NoRoom):
                 await self._evict(record.name, "it does not fit the budget")
-                raise MemoryError(
-                    f"{record.name!r} holds {size / MB:.0f} MB; beside the pinned models the "
-                    f"budget ({self.budget / MB:.0f} MB, --memory-budget-mb) has no room for it"
-                )
-            if not waits or self.clock() >= self._wanted_until.get(record.name, 0.0):
-                await self._evict(record.name, "the models in use hold the budget")
-                raise NoRoom(
-                    f"the memory budget ({self.budget / MB:.0f} MB, --memory-budget-mb) is "
-                    f"held by models in use; {record.name!r} ({size / MB:.0f} MB) could not "
-                    "stay: retry, or raise the budget",
-                    retry_after_s=5,
-                )
+                raise
             await asyncio.sleep(ROOM_POLL_S)
+
+    def _victims(self, record: Residency) -> list[str] | None:
+        """``records.victims`` for ``record``'s load, with the memory no record explains."""
+        extra = self.unaccounted()
+        metrics.MEMORY_UNACCOUNTED_BYTES.set(extra)
+        return victims(self.records.values(), extra, self.budget, self._busy, loading=record.name)
 
     def _pinned_bytes(self, exclude: str) -> int:
         """What the pinned models hold: memory no eviction can free."""

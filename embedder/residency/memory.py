@@ -42,6 +42,13 @@ class MemoryMeter(Protocol):
         """Hand back what the allocator keeps of memory already freed (cheap: no collector
         pass), so that a load measured next does not reuse it unseen."""
 
+    def reset_peak(self) -> None:
+        """Start a new ``peak``: from now, the most ``used`` reaches."""
+
+    def peak(self) -> int:
+        """The most this process held since ``reset_peak`` (a load's transient copies:
+        a file read whole before its tensors, a graph optimized beside the original)."""
+
 
 class CpuMemory:
     """The process's resident set (``/proc/self/statm``)."""
@@ -55,6 +62,18 @@ class CpuMemory:
     def used(self) -> int:
         with open("/proc/self/statm", encoding="ascii") as statm:
             return int(statm.read().split()[1]) * self._page
+
+    def reset_peak(self) -> None:
+        try:  # "5" resets the high-water mark (Linux 4.0); without it the peak is older
+            Path("/proc/self/clear_refs").write_text("5", encoding="ascii")
+        except OSError as exc:
+            log.debug("cannot reset the resident set's peak: %s", exc)
+
+    def peak(self) -> int:
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return self.used()
 
     def release(self) -> None:
         gc.collect()  # a model's modules hold reference cycles: they go with a pass
@@ -81,6 +100,16 @@ class CudaMemory:
         import torch
 
         torch.cuda.empty_cache()
+
+    def reset_peak(self) -> None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+    def peak(self) -> int:
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
 
 
 def meter_for(device: DeviceKind) -> MemoryMeter:

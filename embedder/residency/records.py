@@ -26,6 +26,7 @@ class Residency:
     loads: int = 0
     evictions: int = 0
     freed_bytes: int | None = None  # what its last eviction handed back, measured
+    load_peak_bytes: int | None = None  # the most its last load held at once, measured
     family: str = ""  # entries of the same weights, runtime and precision cost alike
     error: str | None = None  # why its last load failed
     failed_at: float | None = None
@@ -33,6 +34,11 @@ class Residency:
     @property
     def expected_bytes(self) -> int:
         return self.memory_bytes or self.estimate_bytes or 0
+
+    @property
+    def loading_bytes(self) -> int:
+        """What it holds while it loads: its load's peak, where that was above its size."""
+        return max(self.expected_bytes, self.load_peak_bytes or 0)
 
     def describe(self) -> dict[str, object]:
         """What ``/v1/models`` shows of it."""
@@ -44,6 +50,7 @@ class Residency:
             "loads": self.loads,
             "evictions": self.evictions,
             "freed_bytes": self.freed_bytes,
+            "load_peak_bytes": self.load_peak_bytes,
             "load_s": None if self.load_s is None else round(self.load_s, 3),
         }
         if self.memory_bytes is None and self.estimate_bytes is not None:
@@ -54,8 +61,12 @@ class Residency:
 
 
 def held_bytes(records: Iterable[Residency]) -> int:
-    """What the resident and loading models hold (or will, by their expected size)."""
-    return sum(r.expected_bytes for r in records if r.state in ("ready", "loading"))
+    """What the resident models hold, and the loading ones will at their load's peak."""
+    return sum(
+        r.expected_bytes if r.state == "ready" else r.loading_bytes
+        for r in records
+        if r.state in ("ready", "loading")
+    )
 
 
 def evictable(

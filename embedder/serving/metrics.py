@@ -49,3 +49,9 @@ MODEL_MEMORY_BYTES = Gauge(
     "Memory a resident model holds, measured as it loaded (0 when not resident).",
     ["model"],
 )
+MEMORY_UNACCOUNTED_BYTES = Gauge(
+    "flotilla_memory_unaccounted_bytes",
+    "Memory the device holds beyond its models' measures and what the process held before "
+    "them (what evictions left behind, working memory), as the last load or eviction saw "
+    "it; it counts against --memory-budget-mb.",
+)

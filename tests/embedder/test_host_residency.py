@@ -66,6 +66,12 @@ class FakeDeviceMemory:
     def settle(self) -> None:
         pass
 
+    def reset_peak(self) -> None:
+        pass
+
+    def peak(self) -> int:
+        return self.used()
+
 
 def host_for(fleet: Fleet, loader: SizedLoader, budget_mb: float, **kwargs: Any) -> ModelHost:
     queue = InProcessQueue()

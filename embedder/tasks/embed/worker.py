@@ -214,6 +214,10 @@ class Worker(Lifecycle):
             await self._ready.wanted()  # pull and form only for a runner about to take it
             if not self.models:  # every model evicted: nothing to pull or form
                 await self._serving.wait()
+            if any(job.model not in self.models for job in self._pending):
+                # Its model was removed while they waited (an eviction, the admin API):
+                # back to the queue, before anything below reads the model's limits.
+                await self._hand_back_unserved()
             now = self.clock()
             # Nothing pending, formed or running: a lull, in which controllers relax. A long
             # batch in flight is not one (its latencies are still to come).
@@ -234,10 +238,9 @@ class Worker(Lifecycle):
                 if pulled:  # what this device would finish too late, a faster one may not
                     await self._hand_back_late(pulled, self.clock(), by_start=False)
                 continue
-            if any(job.model not in self.models for job in self._pending):
-                await self._hand_back_unserved()  # its model was removed while they waited
             # Held while others ran: what would now only start too late goes back too.
             await self._hand_back_late(self._pending, now, by_start=True)
+            await self._hand_back_unserved()  # a model removed while that waited
             plan = form_batch(
                 self._pending,
                 self.limits,

@@ -103,6 +103,12 @@ class FakeMemory:
     def settle(self) -> None:
         pass
 
+    def reset_peak(self) -> None:
+        pass
+
+    def peak(self) -> int:
+        return self.used()
+
 
 class World:
     """A worker's residents (100 MB models, a budget of 250 MB: two fit), the queue's

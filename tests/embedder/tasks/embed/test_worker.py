@@ -700,3 +700,20 @@ async def test_host_with_no_loadable_model_starts_no_worker(names: tuple[str, ..
         await asyncio.wait_for(host.wait_ready(), WAIT_S)
         assert "encoder" not in host.engines
         assert all(host.state(name) == "failed" for name in names)
+
+
+async def test_a_job_whose_model_was_removed_while_it_waited_goes_back_to_the_queue() -> None:
+    # A job the worker holds (here: put back by the runner, as it does for an adapter's
+    # build) whose model was removed meanwhile, by an eviction or the admin API: the
+    # former hands it back and carries on serving the models it still has.
+    queue = InProcessQueue()
+    client = Client(queue)
+    async with worker_for(queue, [runtime_for("alpha"), runtime_for("beta")]) as worker:
+        worker.remove_model("beta")
+        _, waiting = await client.send("beta", {"inputs": ["held"]})
+        [pulled] = await queue.pull(["beta"], 1000, 1.0)
+        worker._put_back([pulled])
+        answered = await outcome(await client.embed("alpha", ["still served"]))
+        assert isinstance(answered, JobResult)
+        await until(lambda: queue.depth()["beta"] == 1)  # waiting for beta's next host
+        assert worker.running() and not waiting.done()
