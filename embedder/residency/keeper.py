@@ -140,18 +140,26 @@ class Residents:
 
     def _expected_wait(self, record: Residency, now: float) -> float | None:
         """Seconds until ``record`` is resident by the last measured load times: its own,
-        and what is left of the one under way ahead of it (loads run one at a time).
+        and those of the loads ahead of it (they run one at a time, in the order they were
+        asked for): what is left of the one under way, the whole of those still waiting.
         None when its own was never measured."""
         if record.load_s is None:
             return None
         if record.state == "loading" and record.loading_since is not None:
             return max(record.load_s - (now - record.loading_since), 0.0)
-        ahead = [
+        under_way = sum(
             max((r.load_s or 0.0) - (now - r.loading_since), 0.0)
             for r in self.records.values()
             if r.state == "loading" and r.loading_since is not None
-        ]
-        return record.load_s + sum(ahead)
+        )
+        waiting = 0.0
+        for name in self._loads:  # in the order asked for, as the lock lets them in
+            if name == record.name:
+                break
+            other = self.records.get(name)
+            if other is not None and other.state != "loading":
+                waiting += other.load_s or 0.0
+        return record.load_s + under_way + waiting
 
     async def _on_demand(self, record: Residency) -> None:
         try:
@@ -330,6 +338,7 @@ class Residents:
         for sibling in self.records.values():
             if record.family and sibling.family == record.family and sibling.memory_bytes is None:
                 sibling.estimate_bytes = record.memory_bytes
+                sibling.load_peak_bytes = record.load_peak_bytes
         metrics.MODEL_LOADS.labels(record.name, "loaded").inc()
         metrics.MODEL_LOAD_SECONDS.labels(record.name).inc(record.load_s)
         metrics.MODEL_MEMORY_BYTES.labels(record.name).set(record.memory_bytes)

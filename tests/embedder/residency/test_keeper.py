@@ -88,16 +88,23 @@ async def test_a_measure_is_the_estimate_of_its_family() -> None:
     assert residents.records["z"].expected_bytes == 80 * MB  # a sibling added later
 
 
-async def test_the_wait_told_counts_the_load_under_way_ahead() -> None:
-    device = FakeDevice({"a": 10, "b": 10})
+async def test_the_wait_told_counts_the_loads_ahead() -> None:
+    device = FakeDevice({"a": 10, "b": 10, "c": 10})
     residents = residents_of(device, budget_mb=1000)
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         residents.track(name, pinned=False, on_demand=True, estimate=None)
     now = time.time()
-    a, b = residents.records["a"], residents.records["b"]
-    a.load_s, b.load_s = 4.0, 3.0
+    a, b, c = (residents.records[name] for name in ("a", "b", "c"))
+    a.load_s, b.load_s, c.load_s = 4.0, 3.0, 2.0
     a.state, a.loading_since = "loading", now - 1.0  # 3 s left
     assert residents._expected_wait(b, now) == 6.0
+    # c was asked for before b and waits for the lock: b waits for all of it too
+    never = asyncio.get_running_loop().create_future()
+    for name in ("a", "c", "b"):
+        residents._loads[name] = asyncio.ensure_future(never)
+    assert residents._expected_wait(b, now) == 8.0
+    assert residents._expected_wait(c, now) == 5.0
+    never.cancel()
 
 
 class Leaky(FakeDevice):
