@@ -1,0 +1,1 @@
+"""Deployment: the Helm chart (deploy/helm/flotilla) and the pinned helm that checks it."""

@@ -1,0 +1,303 @@
+"""The Helm chart (deploy/helm/flotilla), linted and rendered by the pinned helm, and what
+it renders checked against the code it deploys: every command and flag parsed by the
+`flotilla` command's own parser, every variable a setting the command reads, every probe
+a route its server answers, the workers' grace longer than their drain, and every KEDA
+trigger naming the stream and consumers that the workers' own settings create."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import typer.main
+import yaml
+from fastapi.routing import APIRoute
+from typer.core import TyperGroup
+
+import flotilla
+from deploy.helm_binary import VERSION, helm_path
+from embedder.core.fleet import Fleet
+from embedder.tasks.fleet import DEFAULT_FLEET, load_fleet, parse_fleet
+from flotilla.cli import app
+from flotilla.distributed import DRAIN_S, build_gateway_app
+from flotilla.settings import Settings, setting_fields
+from flotilla.worker_http import WorkerHttp
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "flotilla"
+GROUPS_VALUES = CHART / "ci" / "groups-values.yaml"
+# What a Secret would hold: any value the setting accepts.
+SECRET_PLACEHOLDER = "from-a-secret"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    path = helm_path()
+    if not path.is_file():
+        pytest.skip(f"helm {VERSION} is not built: `make helm` builds it once into {path}")
+    return path
+
+
+def run_helm(helm: Path, *args: str | Path) -> str:
+    done = subprocess.run([helm, *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"helm {' '.join(map(str, args))}:\n{done.stdout}{done.stderr}"
+    return done.stdout
+
+
+def render(helm: Path, *args: str | Path) -> list[dict[str, Any]]:
+    return [
+        d for d in yaml.safe_load_all(run_helm(helm, "template", "flotilla", CHART, *args)) if d
+    ]
+
+
+def render_fails(helm: Path, *args: str) -> str:
+    done = subprocess.run(
+        [helm, "template", "flotilla", CHART, *args], capture_output=True, text=True, check=False
+    )
+    assert done.returncode != 0, "rendered, but should have failed"
+    return done.stderr
+
+
+@dataclass(frozen=True)
+class Rendered:
+    docs: list[dict[str, Any]]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        (found,) = [d for d in self.of(kind) if d["metadata"]["name"] == name]
+        return found
+
+    def containers(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        for deployment in self.of("Deployment"):
+            for container in deployment["spec"]["template"]["spec"]["containers"]:
+                yield deployment, container
+
+    def fleet_file(self, deployment: dict[str, Any], path: str) -> Fleet:
+        """The fleet file at ``path`` in a deployment's container, read from its ConfigMap."""
+        spec = deployment["spec"]["template"]["spec"]
+        (mount,) = [
+            m for m in spec["containers"][0]["volumeMounts"] if path.startswith(m["mountPath"])
+        ]
+        (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+        data = self.named("ConfigMap", volume["configMap"]["name"])["data"]
+        return parse_fleet(yaml.safe_load(data[path.removeprefix(mount["mountPath"] + "/")]))
+
+
+@pytest.fixture(scope="module", params=["defaults", "groups"])
+def rendered(request: pytest.FixtureRequest, helm: Path) -> Rendered:
+    extra = ["-f", str(GROUPS_VALUES)] if request.param == "groups" else []
+    return Rendered(render(helm, *extra))
+
+
+def parsed_command(command: list[str]) -> tuple[Any, Any]:
+    """The container's command as `flotilla` parses it: an unknown subcommand or flag, or a
+    flag's value of the wrong type, fails here as it would in the pod."""
+    assert command[0] == "flotilla"
+    group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)
+    sub = group.commands.get(command[1])
+    assert sub is not None, f"not a flotilla subcommand: {command[1]}"
+    return sub, sub.make_context(command[1], list(command[2:]))
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", SECRET_PLACEHOLDER) for e in container["env"]}
+
+
+def settings_of(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings the container's process reads: its variables, then its flags."""
+    for name, value in env_of(container).items():
+        monkeypatch.setenv(name, value)
+    _, ctx = parsed_command(container["command"])
+    given = {
+        name: value
+        for name, value in ctx.params.items()
+        if name in setting_fields(Settings) and ctx.get_parameter_source(name).name == "COMMANDLINE"
+    }
+    return Settings(**given)
+
+
+def test_the_chart_lints_with_its_defaults_and_with_groups(helm: Path) -> None:
+    run_helm(helm, "lint", "--strict", CHART)
+    run_helm(helm, "lint", "--strict", CHART, "-f", GROUPS_VALUES)
+
+
+def test_the_chart_is_this_flotilla_and_its_fleet_the_bundled_one() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == flotilla.__version__
+    assert (CHART / "files" / "fleet.yaml").read_bytes() == DEFAULT_FLEET.read_bytes()
+
+
+def test_every_command_is_a_flotilla_subcommand_with_real_flags(rendered: Rendered) -> None:
+    commands = {}
+    for deployment, container in rendered.containers():
+        sub, ctx = parsed_command(container["command"])
+        commands[deployment["metadata"]["labels"]["app.kubernetes.io/component"]] = sub.name
+        fleet = ctx.params["fleet"]
+        assert fleet is not None and rendered.fleet_file(deployment, str(fleet)).models
+    assert commands == {"gateway": "gateway", "worker": "worker", "ingest": "ingest"}
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_every_variable_is_a_setting_its_command_reads(
+    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for _, container in rendered.containers():
+        sub, _ = parsed_command(container["command"])
+        shown = {p.name for p in sub.params if p.param_type_name == "option" and not p.hidden}
+        for name in env_of(container):
+            assert name.startswith("FLOTILLA_"), name
+            setting = name.removeprefix("FLOTILLA_").lower()
+            assert setting in setting_fields(Settings), f"{name} is no setting"
+            assert setting in shown, f"`flotilla {sub.name}` does not read {name}"
+        settings_of(container, monkeypatch)  # every value is one the setting accepts
+        for name in env_of(container):
+            monkeypatch.delenv(name)
+
+
+def probes(container: dict[str, Any]) -> dict[str, str]:
+    return {
+        kind: container[kind]["httpGet"]["path"]
+        for kind in ("startupProbe", "livenessProbe", "readinessProbe")
+        if kind in container
+    }
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_the_gateway_probes_routes_of_the_gateway_app(rendered: Rendered) -> None:
+    gateway = rendered.named("Deployment", "flotilla-gateway")["spec"]["template"]["spec"]
+    (container,) = gateway["containers"]
+    found = probes(container)
+    assert found == {"livenessProbe": "/health", "readinessProbe": "/ready"}
+    api = build_gateway_app(Settings(nats="nats://127.0.0.1:1", store="edge"))
+    get_routes = {
+        r.path for r in api.routes if isinstance(r, APIRoute) and "GET" in (r.methods or ())
+    }
+    assert set(found.values()) <= get_routes
+
+
+async def test_the_worker_probes_answer_on_a_real_worker_port(rendered: Rendered) -> None:
+    workers = [
+        (d, c) for d, c in rendered.containers() if c["command"][:2] == ["flotilla", "worker"]
+    ]
+    assert workers
+    async with (
+        WorkerHttp("127.0.0.1", 0, lambda: True) as http,
+        httpx.AsyncClient(base_url=f"http://127.0.0.1:{http.bound_port}") as client,
+    ):
+        for _, container in workers:
+            (port,) = container["ports"]
+            found = probes(container)
+            assert set(found) == {"startupProbe", "livenessProbe", "readinessProbe"}
+            for kind, path in found.items():
+                assert container[kind]["httpGet"]["port"] == port["name"]
+                assert (await client.get(path)).status_code == 200, path
+            _, ctx = parsed_command(container["command"])
+            assert ctx.params["worker_port"] == port["containerPort"]
+
+
+def test_the_workers_grace_outlasts_their_drain(rendered: Rendered) -> None:
+    workers = [
+        d
+        for d in rendered.of("Deployment")
+        if d["spec"]["template"]["spec"]["containers"][0]["name"] == "worker"
+    ]
+    assert workers
+    for deployment in workers:
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > DRAIN_S, deployment["metadata"]["name"]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_each_group_scales_on_the_consumers_its_workers_create(
+    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in rendered.of("ScaledObject")}
+    workers = [(d, c) for d, c in rendered.containers() if c["name"] == "worker"]
+    assert workers
+    for deployment, container in workers:
+        settings = settings_of(container, monkeypatch)
+        queue = settings.jetstream
+        models = list(rendered.fleet_file(deployment, str(settings.fleet)).models)
+        scaler = scaled[deployment["metadata"]["name"]]
+        triggers = scaler["spec"]["triggers"]
+        assert [t["type"] for t in triggers] == ["nats-jetstream"] * len(models)
+        assert [t["metadata"]["consumer"] for t in triggers] == [queue.consumer(m) for m in models]
+        assert {t["metadata"]["stream"] for t in triggers} == {queue.stream}
+        subjects = scaler["metadata"]["annotations"]["flotilla/subjects"].split(",")
+        assert subjects == [queue.subject(m) for m in models]
+        for name in env_of(container):
+            monkeypatch.delenv(name)
+
+
+def test_the_default_groups_keep_a_warm_floor(helm: Path) -> None:
+    (scaler,) = [
+        s
+        for s in Rendered(render(helm)).of("ScaledObject")
+        if s["metadata"]["name"].startswith("flotilla-worker")
+    ]
+    assert scaler["spec"]["minReplicaCount"] >= 1
+
+
+def test_groups_take_their_own_models_resources_and_scale(helm: Path) -> None:
+    rendered = Rendered(render(helm, "-f", str(GROUPS_VALUES)))
+    groups = yaml.safe_load(GROUPS_VALUES.read_text())["workers"]["groups"]
+    for group in groups:
+        deployment = rendered.named("Deployment", f"flotilla-worker-{group['name']}")
+        spec = deployment["spec"]["template"]["spec"]
+        fleet = rendered.fleet_file(deployment, spec["containers"][0]["command"][-1])
+        assert list(fleet.models) == group["models"]
+        gpus = spec["containers"][0]["resources"].get("limits", {}).get("nvidia.com/gpu", 0)
+        assert gpus == group.get("gpu", {"count": 1})["count"]
+        scaler = rendered.named("ScaledObject", f"flotilla-worker-{group['name']}")["spec"]
+        assert scaler["minReplicaCount"] == group.get("minReplicas", 2)  # the workers' own: 2
+    chat = rendered.named("Deployment", "flotilla-worker-chat")["spec"]["template"]["spec"]
+    assert chat["terminationGracePeriodSeconds"] == 45
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_ingest_scales_on_the_lag_of_its_own_group_and_topic(
+    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (container,) = [c for _, c in rendered.containers() if c["name"] == "ingest"]
+    settings = settings_of(container, monkeypatch).ingest
+    (trigger,) = rendered.named("ScaledObject", "flotilla-ingest")["spec"]["triggers"]
+    assert trigger["type"] == "kafka"
+    meta = trigger["metadata"]
+    assert (meta["bootstrapServers"], meta["consumerGroup"], meta["topic"]) == (
+        settings.bootstrap,
+        settings.group,
+        settings.topic,
+    )
+
+
+def test_the_fleet_in_its_configmap_is_the_bundled_fleet(helm: Path) -> None:
+    """Same models, same order (the first is the default model), same entries; the bundled
+    adapter read from where the image installs flotilla, or from wherever relativeTo says."""
+    embedder_dir = DEFAULT_FLEET.parent
+    rendered = Rendered(render(helm, "--set", f"fleet.relativeTo={embedder_dir}"))
+    gateway = rendered.named("Deployment", "flotilla-gateway")
+    assert rendered.fleet_file(gateway, "/etc/flotilla/fleet/fleet.yaml") == load_fleet()
+    python = re.search(r"^FROM python:(\d+\.\d+)", (ROOT / "Dockerfile").read_text(), re.M)
+    assert python is not None
+    relative_to = yaml.safe_load((CHART / "values.yaml").read_text())["fleet"]["relativeTo"]
+    assert relative_to == f"/usr/local/lib/python{python[1]}/site-packages/embedder"
+
+
+def test_values_the_chart_cannot_honour_fail_with_the_reason(helm: Path) -> None:
+    unknown = render_fails(
+        helm, "--set", "workers.groups[0].name=x", "--set", "workers.groups[0].models[0]=nope"
+    )
+    assert 'model "nope" is not in the fleet' in unknown
+    clash = render_fails(helm, "--set", "workers.env.FLOTILLA_NATS_STREAM=OTHER")
+    assert "FLOTILLA_NATS_STREAM is set by this chart from its values" in clash
+    storeless = render_fails(helm, "--set", "qdrant.url=")
+    assert "set qdrant.url, or ingest.enabled=false" in storeless
