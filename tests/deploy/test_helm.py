@@ -301,3 +301,26 @@ def test_values_the_chart_cannot_honour_fail_with_the_reason(helm: Path) -> None
     assert "FLOTILLA_NATS_STREAM is set by this chart from its values" in clash
     storeless = render_fails(helm, "--set", "qdrant.url=")
     assert "set qdrant.url, or ingest.enabled=false" in storeless
+
+
+def leaf_paths(values: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(values, dict) and values:
+        for key, value in values.items():
+            yield from leaf_paths(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip(".")
+
+
+def test_the_guide_describes_every_value() -> None:
+    """Each value of values.yaml is in the guide's table, itself or a map holding it (as
+    `gateway.resources`): a value added to the chart is a row added to the guide."""
+    guide = (ROOT / "docs" / "guide" / "kubernetes.md").read_text()
+    named = set(re.findall(r"`([A-Za-z][\w.]*)`", guide))
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = []
+    for path in leaf_paths(values):
+        parts = path.split(".")
+        prefixes = {".".join(parts[:n]) for n in range(min(2, len(parts)), len(parts) + 1)}
+        if not prefixes & named:
+            missing.append(path)
+    assert missing == []
