@@ -6,6 +6,7 @@ trigger naming the stream and consumers that the workers' own settings create.""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -238,6 +239,15 @@ def test_each_group_scales_on_the_consumers_its_workers_create(
             monkeypatch.delenv(name)
 
 
+def test_autoscaled_deployments_leave_the_count_to_their_scaler(rendered: Rendered) -> None:
+    """An upgrade that set a replica count would undo what the autoscaler chose."""
+    targets = [s["spec"]["scaleTargetRef"]["name"] for s in rendered.of("ScaledObject")]
+    targets += [h["spec"]["scaleTargetRef"]["name"] for h in rendered.of("HorizontalPodAutoscaler")]
+    assert len(targets) == len(rendered.of("Deployment"))
+    for name in targets:
+        assert "replicas" not in rendered.named("Deployment", name)["spec"], name
+
+
 def test_the_default_groups_keep_a_warm_floor(helm: Path) -> None:
     (scaler,) = [
         s
@@ -290,6 +300,19 @@ def test_the_fleet_in_its_configmap_is_the_bundled_fleet(helm: Path) -> None:
     assert python is not None
     relative_to = yaml.safe_load((CHART / "values.yaml").read_text())["fleet"]["relativeTo"]
     assert relative_to == f"/usr/local/lib/python{python[1]}/site-packages/embedder"
+
+
+def test_the_values_schema_admits_the_settings_and_no_other_variable(helm: Path) -> None:
+    """values.schema.json lists every setting's variable, so that helm refuses a misspelled
+    one at install; a setting added to flotilla is a name added there."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$defs"]["setting"]["enum"] == sorted(
+        f"FLOTILLA_{name.upper()}" for name in setting_fields(Settings)
+    )
+    assert "FLOTILLA_NATS_STREEM" in render_fails(
+        helm, "--set", "gateway.env.FLOTILLA_NATS_STREEM=x"
+    )
+    assert "'worker' not allowed" in render_fails(helm, "--set", "worker.minReplicas=2")
 
 
 def test_values_the_chart_cannot_honour_fail_with_the_reason(helm: Path) -> None:
