@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +23,13 @@ from fastapi.routing import APIRoute
 from typer.core import TyperGroup
 
 import flotilla
+from bench.services.nats import NatsServer
+from bench.services.nats.server import free_port
 from deploy.helm_binary import VERSION, helm_path
 from embedder.core.fleet import Fleet
+from embedder.core.jobs import ApiShape, Job
+from embedder.queue.jetstream.puller import JetStreamPuller
+from embedder.queue.jetstream.submitter import JetStreamSubmitter
 from embedder.tasks.fleet import DEFAULT_FLEET, load_fleet, parse_fleet
 from flotilla.cli import app
 from flotilla.distributed import DRAIN_S, build_gateway_app
@@ -246,6 +252,57 @@ def test_autoscaled_deployments_leave_the_count_to_their_scaler(rendered: Render
     assert len(targets) == len(rendered.of("Deployment"))
     for name in targets:
         assert "replicas" not in rendered.named("Deployment", name)["spec"], name
+
+
+def keda_lag(monitoring: str, trigger: dict[str, str]) -> int | None:
+    """What KEDA's nats-jetstream scaler reads for a trigger: the server's /jsz for the
+    account, that account's stream, and in it the consumer's pending plus unacknowledged
+    messages; None where it finds no such consumer (KEDA then counts the whole stream)."""
+    query = {"acc": trigger["account"], "consumers": "true", "config": "true"}
+    jsz = httpx.get(f"http://{monitoring}/jsz", params=query).json()
+    accounts = [a for a in jsz["account_details"] if a["name"] == trigger["account"]]
+    streams = [s for a in accounts for s in a["stream_detail"] if s["name"] == trigger["stream"]]
+    consumers = [
+        c for s in streams for c in s["consumer_detail"] if c["name"] == trigger["consumer"]
+    ]
+    if not consumers:
+        return None
+    (consumer,) = consumers
+    return int(consumer["num_pending"]) + int(consumer["num_ack_pending"])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_env")
+async def test_keda_counts_on_each_trigger_the_requests_for_its_model(
+    helm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's workers, configured as the chart configures them, against a real
+    nats-server: once they started (their consumers made), a request the gateway queued
+    for the group's second model is what KEDA finds on that model's trigger, and nothing on
+    the first; the worker's own count of waiting requests agrees."""
+    rendered = Rendered(render(helm, "-f", str(GROUPS_VALUES)))
+    deployment = rendered.named("Deployment", "flotilla-worker-encoders")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    settings = settings_of(container, monkeypatch)
+    models = list(rendered.fleet_file(deployment, str(settings.fleet)).models)
+    triggers = rendered.named("ScaledObject", "flotilla-worker-encoders")["spec"]["triggers"]
+    monitoring = f"127.0.0.1:{free_port()}"
+    now = time.time()
+    job = Job(
+        id="one", model=models[1], shape=ApiShape.TEI_EMBED, body=b'{"inputs": "x"}',
+        est_tokens=3, deadline=now + 60, enqueued_at=now,
+    )  # fmt: skip
+    with NatsServer(extra_config=f"http: {monitoring}") as server:
+        puller = JetStreamPuller(url=server.url, config=settings.jetstream)
+        submitter = JetStreamSubmitter(
+            url=server.url, inbox="flotilla.replies.test", config=settings.jetstream
+        )
+        async with puller, submitter:
+            assert await puller.waiting(models) == {models[0]: 0, models[1]: 0}
+            await submitter.put(job)
+            assert await puller.waiting(models) == {models[0]: 0, models[1]: 1}
+            seen = [keda_lag(monitoring, t["metadata"]) for t in triggers]
+    assert seen == [0, 1]
 
 
 def test_the_default_groups_keep_a_warm_floor(helm: Path) -> None:
