@@ -119,17 +119,19 @@ def env_of(container: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", SECRET_PLACEHOLDER) for e in container["env"]}
 
 
-def settings_of(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    """The settings the container's process reads: its variables, then its flags."""
-    for name, value in env_of(container).items():
-        monkeypatch.setenv(name, value)
+def settings_of(container: dict[str, Any]) -> Settings:
+    """The settings the container's process reads: its variables, then its flags (the
+    environment otherwise clean: ``clean_env``)."""
     _, ctx = parsed_command(container["command"])
     given = {
         name: value
         for name, value in ctx.params.items()
         if name in setting_fields(Settings) and ctx.get_parameter_source(name).name == "COMMANDLINE"
     }
-    return Settings(**given)
+    with pytest.MonkeyPatch.context() as environment:
+        for name, value in env_of(container).items():
+            environment.setenv(name, value)
+        return Settings(**given)
 
 
 def test_the_chart_lints_with_its_defaults_and_with_groups(helm: Path) -> None:
@@ -155,7 +157,7 @@ def test_every_command_is_a_flotilla_subcommand_with_real_flags(rendered: Render
 
 @pytest.mark.usefixtures("clean_env")
 def test_every_variable_is_a_setting_its_command_reads(
-    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+    rendered: Rendered,
 ) -> None:
     for _, container in rendered.containers():
         sub, _ = parsed_command(container["command"])
@@ -165,9 +167,7 @@ def test_every_variable_is_a_setting_its_command_reads(
             setting = name.removeprefix("FLOTILLA_").lower()
             assert setting in setting_fields(Settings), f"{name} is no setting"
             assert setting in shown, f"`flotilla {sub.name}` does not read {name}"
-        settings_of(container, monkeypatch)  # every value is one the setting accepts
-        for name in env_of(container):
-            monkeypatch.delenv(name)
+        settings_of(container)  # every value is one the setting accepts
 
 
 def probes(container: dict[str, Any]) -> dict[str, str]:
@@ -225,13 +225,13 @@ def test_the_workers_grace_outlasts_their_drain(rendered: Rendered) -> None:
 
 @pytest.mark.usefixtures("clean_env")
 def test_each_group_scales_on_the_consumers_its_workers_create(
-    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+    rendered: Rendered,
 ) -> None:
     scaled = {s["spec"]["scaleTargetRef"]["name"]: s for s in rendered.of("ScaledObject")}
     workers = [(d, c) for d, c in rendered.containers() if c["name"] == "worker"]
     assert workers
     for deployment, container in workers:
-        settings = settings_of(container, monkeypatch)
+        settings = settings_of(container)
         queue = settings.jetstream
         models = list(rendered.fleet_file(deployment, str(settings.fleet)).models)
         scaler = scaled[deployment["metadata"]["name"]]
@@ -241,8 +241,6 @@ def test_each_group_scales_on_the_consumers_its_workers_create(
         assert {t["metadata"]["stream"] for t in triggers} == {queue.stream}
         subjects = scaler["metadata"]["annotations"]["flotilla/subjects"].split(",")
         assert subjects == [queue.subject(m) for m in models]
-        for name in env_of(container):
-            monkeypatch.delenv(name)
 
 
 def test_autoscaled_deployments_leave_the_count_to_their_scaler(rendered: Rendered) -> None:
@@ -273,9 +271,7 @@ def keda_lag(monitoring: str, trigger: dict[str, str]) -> int | None:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("clean_env")
-async def test_keda_counts_on_each_trigger_the_requests_for_its_model(
-    helm: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_keda_counts_on_each_trigger_the_requests_for_its_model(helm: Path) -> None:
     """A group's workers, configured as the chart configures them, against a real
     nats-server: once they started (their consumers made), a request the gateway queued
     for the group's second model is what KEDA finds on that model's trigger, and nothing on
@@ -283,7 +279,7 @@ async def test_keda_counts_on_each_trigger_the_requests_for_its_model(
     rendered = Rendered(render(helm, "-f", str(GROUPS_VALUES)))
     deployment = rendered.named("Deployment", "flotilla-worker-encoders")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    settings = settings_of(container, monkeypatch)
+    settings = settings_of(container)
     models = list(rendered.fleet_file(deployment, str(settings.fleet)).models)
     triggers = rendered.named("ScaledObject", "flotilla-worker-encoders")["spec"]["triggers"]
     monitoring = f"127.0.0.1:{free_port()}"
@@ -332,10 +328,10 @@ def test_groups_take_their_own_models_resources_and_scale(helm: Path) -> None:
 
 @pytest.mark.usefixtures("clean_env")
 def test_ingest_scales_on_the_lag_of_its_own_group_and_topic(
-    rendered: Rendered, monkeypatch: pytest.MonkeyPatch
+    rendered: Rendered,
 ) -> None:
     (container,) = [c for _, c in rendered.containers() if c["name"] == "ingest"]
-    settings = settings_of(container, monkeypatch).ingest
+    settings = settings_of(container).ingest
     (trigger,) = rendered.named("ScaledObject", "flotilla-ingest")["spec"]["triggers"]
     assert trigger["type"] == "kafka"
     meta = trigger["metadata"]
