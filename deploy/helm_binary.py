@@ -77,7 +77,9 @@ def ensure_helm() -> Path:
             "CGO_ENABLED": "0",
             "GOFLAGS": "-buildvcs=false",
         }
-        command = [_go(), "install", f"{MODULE}/cmd/helm@{VERSION}"]
+        # `go install` leaves helm's release version unstamped (`helm version` would say v4.3).
+        stamp = f"-ldflags=-X {MODULE}/internal/version.version={VERSION}"
+        command = [_go(), "install", stamp, f"{MODULE}/cmd/helm@{VERSION}"]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if done.returncode != 0 or not (partial / "helm").is_file():
             shutil.rmtree(partial, ignore_errors=True)

@@ -48,6 +48,8 @@ def helm() -> Path:
     path = helm_path()
     if not path.is_file():
         pytest.skip(f"helm {VERSION} is not built: `make helm` builds it once into {path}")
+    found = run_helm(path, "version", "--template", "{{.Version}}")
+    assert found == VERSION, f"{path} is helm {found}: remove it, and `make helm` builds {VERSION}"
     return path
 
 
