@@ -1,1 +1,0 @@
-"""Deployment: the Helm chart (deploy/helm/flotilla) and the pinned helm that checks it."""
