@@ -370,6 +370,19 @@ def test_the_values_schema_admits_the_settings_and_no_other_variable(helm: Path)
     assert "'worker' not allowed" in render_fails(helm, "--set", "worker.minReplicas=2")
 
 
+def test_a_fleet_of_ones_own_keeps_its_order_and_its_adapters(helm: Path) -> None:
+    rendered = Rendered(render(helm, "-f", str(GROUPS_VALUES)))
+    given = yaml.safe_load(yaml.safe_load(GROUPS_VALUES.read_text())["fleet"]["content"])
+    gateway = rendered.named("Deployment", "flotilla-gateway")
+    fleet = rendered.fleet_file(gateway, "/etc/flotilla/fleet/fleet.yaml")
+    assert list(fleet.models) == list(given["models"])  # the first is the default model
+    relative_to = yaml.safe_load((CHART / "values.yaml").read_text())["fleet"]["relativeTo"]
+    assert fleet.models["e5.small_v2"].adapters == {
+        "gesetze": Path(relative_to, "bundled_adapters/multilingual-e5-small/gesetze"),
+        "own": Path("/adapters/e5/own"),
+    }
+
+
 def test_values_the_chart_cannot_honour_fail_with_the_reason(helm: Path) -> None:
     unknown = render_fails(
         helm, "--set", "workers.groups[0].name=x", "--set", "workers.groups[0].models[0]=nope"
