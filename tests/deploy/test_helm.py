@@ -19,6 +19,7 @@ import httpx
 import pytest
 import typer.main
 import yaml
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from typer.core import TyperGroup
 
@@ -33,6 +34,7 @@ from embedder.queue.jetstream.submitter import JetStreamSubmitter
 from embedder.tasks.fleet import DEFAULT_FLEET, load_fleet, parse_fleet
 from flotilla.cli import app
 from flotilla.distributed import DRAIN_S, build_gateway_app
+from flotilla.http_server import server_config
 from flotilla.settings import Settings, setting_fields
 from flotilla.worker_http import WorkerHttp
 
@@ -226,6 +228,19 @@ def test_the_workers_grace_outlasts_their_drain(rendered: Rendered) -> None:
 
 
 @pytest.mark.usefixtures("clean_env")
+def test_the_gateways_grace_outlasts_their_hand_over_and_shutdown(rendered: Rendered) -> None:
+    """The Service lets go of a stopping gateway during its preStop sleep; then uvicorn
+    gives requests in flight their time: the kubelet waits for both."""
+    spec = rendered.named("Deployment", "flotilla-gateway")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    shutdown = server_config(FastAPI(), Settings()).timeout_graceful_shutdown
+    assert shutdown is not None
+    assert spec["terminationGracePeriodSeconds"] > float(command[1]) + shutdown
+
+
+@pytest.mark.usefixtures("clean_env")
 def test_each_group_scales_on_the_consumers_its_workers_create(
     rendered: Rendered,
 ) -> None:
@@ -390,6 +405,8 @@ def test_values_the_chart_cannot_honour_fail_with_the_reason(helm: Path) -> None
     assert 'model "nope" is not in the fleet' in unknown
     clash = render_fails(helm, "--set", "workers.env.FLOTILLA_NATS_STREAM=OTHER")
     assert "FLOTILLA_NATS_STREAM is set by this chart from its values" in clash
+    twice = render_fails(helm, "--set-json", 'workers.groups=[{"name": "all"}, {"name": "all"}]')
+    assert '"all" names two groups' in twice
     storeless = render_fails(helm, "--set", "qdrant.url=")
     assert "set qdrant.url, or ingest.enabled=false" in storeless
 
