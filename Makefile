@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install kafka-jars ocr-fonts run test lint typecheck docs unit bench clean
+.PHONY: install kafka-jars ocr-fonts helm run test lint typecheck docs unit bench clean
 
 install: $(STAMP)
 
@@ -29,6 +29,12 @@ kafka-jars: install
 ocr-fonts: install
 	$(BIN)/python -m bench.ocr_data.fonts
 
+# The helm that lints and renders the chart in deploy/helm/flotilla (deploy/helm_binary.py):
+# helm.sh/helm/v4, pinned, built once with Go from the Go module proxy into
+# ~/.cache/flotilla (minutes on two cores); later runs reuse it.
+helm: install
+	nice -n 19 $(BIN)/python -m deploy.helm_binary
+
 run: install
 	$(BIN)/flotilla serve
 
@@ -48,7 +54,7 @@ docs: install
 unit: install
 	$(BIN)/pytest
 
-test: kafka-jars ocr-fonts lint typecheck docs unit
+test: kafka-jars ocr-fonts helm lint typecheck docs unit
 
 bench: kafka-jars ocr-fonts
 	$(BIN)/flotilla bench engine
