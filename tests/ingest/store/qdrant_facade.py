@@ -264,6 +264,15 @@ def create_app(data_dir: str | Path) -> FastAPI:
     async def healthz() -> str:
         return "healthz check passed"
 
+    @app.get("/collections")
+    async def list_collections() -> Response:
+        """Qdrant's listing: the collections described under the data folder (the
+        store's layout, ``ingest.store.edge``); a client's reachability probe asks it."""
+        started = time.perf_counter()
+        described = await asyncio.to_thread(lambda: list(Path(data_dir).glob("*/collection.json")))
+        names = sorted(path.parent.name for path in described)
+        return _ok({"collections": [{"name": name} for name in names]}, started)
+
     @app.get("/collections/{name}/exists")
     async def collection_exists(name: str) -> Response:
         started = time.perf_counter()
