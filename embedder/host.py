@@ -38,6 +38,7 @@ from embedder.core.jobs import ModelState
 from embedder.core.lifecycle import Lifecycle
 from embedder.queue import JobPuller
 from embedder.residency.keeper import Residents
+from embedder.residency.measures import Measures
 from embedder.residency.memory import MemoryMeter, weights_bytes
 from embedder.serving.turns import DeviceTurns
 from embedder.tasks.kind import Engine, EngineContext, Loader, Switching, TaskKind, Unloading
@@ -60,6 +61,7 @@ DRAIN_POLL_S = 0.05  # how often a model leaving the fleet looks for its last jo
 DRAIN_WAIT_S = 120.0  # longest it waits for them (a stuck job does not keep it forever)
 BACKLOG_POLL_S = 0.1  # how often jobs that came without a request (ingest) are looked for
 BACKLOG_WAIT_S = 30.0  # how long such jobs may wait for their model's load
+MEASURES_FILE = "residency.json"  # the models' measured loads, beside the tuned profiles
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,12 +240,18 @@ class ModelHost(Lifecycle):
         for engine in self.engines.values():  # stopped, they still say what they loaded
             await engine.stop()
 
+    def _measures(self, device: DeviceKind) -> Measures:
+        """This device's measures of earlier loads, kept beside its tuned profiles; none
+        kept for a host built in code (no ``tuning``)."""
+        path = None if self.tuning is None else self.tuning.cache.parent / MEASURES_FILE
+        return Measures(path, fingerprint(device))
+
     async def _load_and_run(self) -> None:
         device: DeviceKind = (
             await asyncio.to_thread(detect_device) if self.device == "auto" else self.device
         )
         self._device = device
-        self.residents.attach(device, self._meter)
+        self.residents.attach(device, self._meter, await asyncio.to_thread(self._measures, device))
         try:
             for spec in list(self.fleet.models.values()):
                 if spec.load == "start":

@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from embedder.core.errors import FlotillaError, NoRoom, NotReady
 from embedder.core.fleet import DeviceKind
 from embedder.core.jobs import ModelState
+from embedder.residency.measures import Measure, Measures
 from embedder.residency.memory import MB, MemoryMeter, budget_bytes, meter_for
 from embedder.residency.records import Residency, evictable, held_bytes, victims
 from embedder.serving import metrics
@@ -61,6 +62,7 @@ class Residents:
         self.budget_mb = budget_mb
         self.budget = 0  # bytes; set by ``attach`` once the device is known
         self.meter: MemoryMeter | None = None
+        self.measures = Measures(None)  # this device's measures of earlier processes
         self.records: dict[str, Residency] = {}
         self._load, self._unload, self._busy, self._refuse = load, unload, busy, refuse
         self._prepare = prepare
@@ -71,8 +73,13 @@ class Residents:
         self._loads: dict[str, asyncio.Task[None]] = {}  # on-demand loads under way
         self._wanted_until: dict[str, float] = {}  # the last deadline waiting for a load
 
-    def attach(self, device: DeviceKind, meter: MemoryMeter | None = None) -> None:
+    def attach(
+        self, device: DeviceKind, meter: MemoryMeter | None = None, measures: Measures | None = None
+    ) -> None:
         self.meter = meter or meter_for(device)
+        self.measures = measures or Measures(None)
+        for record in self.records.values():
+            self._recall(record)
         self.budget = budget_bytes(self.budget_mb, device)
         self.outside = self.meter.used()
         log.info("memory budget for the models on %s: %.0f MB", device, self.budget / MB)
@@ -85,9 +92,21 @@ class Residents:
         state: ModelState = "evicted" if on_demand else "loading"
         measured = [r.memory_bytes for r in self.records.values() if family and r.family == family]
         known = next((m for m in measured if m is not None), None)
-        self.records[name] = Residency(
+        record = self.records[name] = Residency(
             name, pinned, on_demand, state=state, estimate_bytes=known or estimate, family=family
         )
+        if known is None:
+            self._recall(record)
+
+    def _recall(self, record: Residency) -> None:
+        """An unmeasured model takes what its family measured here before (an earlier
+        process on this device): its size, its load's peak and time."""
+        before = self.measures.get(record.family)
+        if before is None or record.memory_bytes is not None:
+            return
+        record.estimate_bytes = before.memory_bytes
+        record.load_peak_bytes = record.load_peak_bytes or before.load_peak_bytes
+        record.load_s = record.load_s or before.load_s
 
     def forget(self, name: str) -> None:
         self.records.pop(name, None)
@@ -273,7 +292,7 @@ class Residents:
                     record.name, self.held() / MB, self.budget / MB,
                 )  # fmt: skip
                 return
-            self._could_fit(record)
+            await self._could_fit(record)
             if self.clock() >= until - (record.load_s or 0.0):
                 raise NoRoom(
                     f"the memory budget ({self.budget / MB:.0f} MB, --memory-budget-mb) is "
@@ -284,11 +303,11 @@ class Residents:
                 )
             await asyncio.sleep(ROOM_POLL_S)
 
-    def _could_fit(self, record: Residency) -> None:
+    async def _could_fit(self, record: Residency) -> None:
         """Raise unless ``record`` would fit once the models in use fall idle: MemoryError
         if it is larger than the budget beside the pinned models (it never fits), NoRoom
-        if memory held outside every model's measure leaves too little (waiting for a
-        model to fall idle would not help)."""
+        if memory held outside every model's measure leaves too little even once what is
+        freed has been handed back (waiting for a model to fall idle would not help)."""
         room = self.budget - self._pinned_bytes(record.name)
         size = record.loading_bytes if record.state == "loading" else record.expected_bytes
         if size > room:
@@ -298,6 +317,11 @@ class Residents:
                 "beside the pinned models"
             )
         outside = self.unaccounted()
+        if size > room - outside:
+            assert self.meter is not None
+            # The last batch of a model just evicted may have let go of it only now.
+            await asyncio.to_thread(self.meter.release)
+            outside = self.unaccounted()
         if size > room - outside:
             raise NoRoom(
                 f"{record.name!r} needs {size / MB:.0f} MB; of the budget "
@@ -335,6 +359,8 @@ class Residents:
         record.memory_bytes = max(self.meter.used() - before, 0)
         record.load_peak_bytes = max(self.meter.peak() - before, 0)
         record.state, record.loads = "ready", record.loads + 1
+        measure = Measure(record.memory_bytes, record.load_peak_bytes, record.load_s)
+        await asyncio.to_thread(self.measures.put, record.family, measure)
         for sibling in self.records.values():
             if record.family and sibling.family == record.family and sibling.memory_bytes is None:
                 sibling.estimate_bytes = record.memory_bytes
@@ -374,7 +400,7 @@ class Residents:
             if chosen is not None or record.pinned or not record.on_demand:
                 return
             try:
-                self._could_fit(record)
+                await self._could_fit(record)
                 if until is None or self.clock() >= until:
                     raise NoRoom(
                         f"the memory budget ({self.budget / MB:.0f} MB, --memory-budget-mb) "

@@ -6,7 +6,10 @@ what the first's load added; every answer matches the model loaded alone."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ import pytest
 from embedder.core.jobs import ApiShape, JobResult
 from embedder.host import ModelHost
 from embedder.queue.inprocess import InProcessQueue
+from embedder.residency.memory import limit_arenas
 from embedder.tasks.embed.codecs import RequestLimits
 from embedder.tasks.fleet import DEFAULT_FLEET, load_fleet, parse_fleet
 from tests.embedder.tasks.embed.test_worker import Client, vectors_of
@@ -37,9 +41,16 @@ async def embed(host: ModelHost, client: Client, model: str) -> np.ndarray:
     return vectors_of(result)
 
 
-async def test_evicting_a_real_model_returns_its_memory() -> None:
-    from sentence_transformers import SentenceTransformer
+@dataclass(frozen=True)
+class Evicted:
+    first: np.ndarray
+    second: np.ndarray
+    states: tuple[str, str]
+    size: int  # what the first's load measured
+    freed: int | None  # what its eviction handed back
 
+
+async def evict_for_the_second() -> Evicted:
     fleet = minilm_twice()
     queue = InProcessQueue()
     host = ModelHost(
@@ -51,16 +62,34 @@ async def test_evicting_a_real_model_returns_its_memory() -> None:
         await host.wait_ready()
         first = await embed(host, client, "first")
         size = host.residents.records["first"].memory_bytes
-        assert size is not None and size > 20 << 20  # 22.7M parameters in fp32 at the least
-        # Room for one of the two (the second counts by its weights until it has loaded).
+        assert size is not None
+        # Room for one of the two (the second counts by its weights until it has loaded),
+        # beside what the process holds beyond the models (the budget counts that too).
         host.residents.budget = int(
-            max(size, host.residents.records["second"].expected_bytes) * 1.5
+            max(size, host.residents.records["second"].loading_bytes) * 1.5
+            + host.residents.unaccounted()
         )
         second = await embed(host, client, "second")
-        assert host.state("first") == "evicted" and host.state("second") == "ready"
-        freed = host.residents.records["first"].freed_bytes
-        assert freed is not None and freed >= 0.5 * size, (freed, size)
-    folder = fleet.get("first").source.resolve()  # type: ignore[attr-defined]
+        states = (host.state("first"), host.state("second"))
+        return Evicted(first, second, states, size, host.residents.records["first"].freed_bytes)
+
+
+def in_a_server_process() -> Evicted:
+    limit_arenas()  # as `flotilla` does before anything starts a thread
+    return asyncio.run(evict_for_the_second())
+
+
+def test_evicting_a_real_model_returns_its_memory() -> None:
+    """In a process of its own, as a server's host is: this one's heap has served hosts of
+    earlier tests, whose threads' heaps blur what one eviction hands back."""
+    from sentence_transformers import SentenceTransformer
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        got = pool.submit(in_a_server_process).result(timeout=600)
+    assert got.size > 20 << 20  # 22.7M parameters in fp32 at the least
+    assert got.states == ("evicted", "ready")
+    assert got.freed is not None and got.freed >= 0.5 * got.size, (got.freed, got.size)
+    folder = minilm_twice().get("first").source.resolve()  # type: ignore[attr-defined]
     alone = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, normalize_embeddings=True)
-    for got in (first, second):
-        assert np.abs(got - alone).max() < 1e-4
+    for vectors in (got.first, got.second):
+        assert np.abs(vectors - alone).max() < 1e-4
