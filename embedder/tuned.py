@@ -1,10 +1,16 @@
 """Tuned profiles: what `flotilla tune` chose per model and device fingerprint, and which
 profile a model is served with.
 
-The file (``embedder/tuned.yaml`` in the package, or ``--tuned-file``) maps a model to
-a device fingerprint (``embedder.core.device``) to the chosen profile fields and what was
-measured. A fleet entry opts in by leaving the choice to flotilla, ``dtype: auto`` in
-its profile for that device: then a tuned profile for this device replaces the tuned
+A tuned profiles file maps a model to a device fingerprint (``embedder.core.device``) to
+the chosen profile fields and what was measured. Serving reads, unless ``--tuned-file``
+names the one file to read instead: the file shipped in the package
+(``embedder/tuned.yaml``, package data) and, over it, the user's own file that
+``flotilla tune`` writes (``<model-cache-dir>/tuned/tuned.yaml``): for one model and
+one fingerprint the user's entry wins, the other shipped entries stay. Nothing writes
+into the installed package.
+
+A fleet entry opts in by leaving the choice to flotilla, ``dtype: auto`` in its profile
+for that device: then a tuned profile for this device replaces the tuned
 fields (runtime, dtype, threads, pass shape, batch budget) and the fleet keeps the rest
 (requests per batch, wait, adapters). A fleet entry that pins a dtype (``float32``,
 ``bfloat16``, ...) is served exactly as written. Torch-free.
@@ -12,7 +18,9 @@ fields (runtime, dtype, threads, pass shape, batch budget) and the fleet keeps t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -20,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from embedder.core.fleet import DeviceKind, FleetError, ModelSpec, Profile
+from embedder.importers import default_cache_dir
 from embedder.tasks.embed.spec import EncoderProfile
 
 # The fields the tuner chooses; a tuned entry holds exactly these.
@@ -31,15 +40,17 @@ TUNED_FIELDS = (
     "forward_max_sequences",
     "max_batch_tokens",
 )
-DEFAULT_TUNED = Path(__file__).resolve().parent / "tuned.yaml"
+SHIPPED = "tuned.yaml"  # package data of ``embedder``
+SHIPPED_LABEL = "shipped with flotilla"
 HEADER = (
     "# Tuned profiles, written by `flotilla tune` (docs/guide/tuning.md): per model, per\n"
     "# device fingerprint, the profile fields it chose and what it measured. A fleet\n"
     "# entry with `dtype: auto` on that device is served with them.\n"
 )
 _S = TypeVar("_S", bound=ModelSpec)
-# tuned: the shipped file (or --tuned-file); cached: a tune on this machine; borrowed:
-# tuned on the same CPU with another core count; tuning: the fleet's, a tune running.
+# tuned: the shipped file, the user's tuned file or --tuned-file; cached: a tune on this
+# machine kept in its cache; borrowed: tuned on the same CPU with another core count;
+# tuning: the fleet's, a tune running.
 ProfileSource = Literal["tuned", "fleet", "quick", "cached", "borrowed", "tuning"]
 
 
@@ -99,9 +110,15 @@ class TunedProfiles(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     models: dict[str, dict[str, TunedEntry]] = Field(default_factory=dict)
+    # Where each entry was read from (model -> fingerprint -> file), for the profile's
+    # `why`; set by ``serving_profiles``, never written to a file.
+    read_from: dict[str, dict[str, str]] = Field(default_factory=dict, exclude=True)
 
     def entry(self, model: str, fingerprint: str) -> TunedEntry | None:
         return self.models.get(model, {}).get(fingerprint)
+
+    def origin(self, model: str, fingerprint: str) -> str | None:
+        return self.read_from.get(model, {}).get(fingerprint)
 
     def with_entry(self, model: str, fingerprint: str, entry: TunedEntry) -> TunedProfiles:
         models = {name: dict(per) for name, per in self.models.items()}
@@ -109,24 +126,61 @@ class TunedProfiles(BaseModel):
         return TunedProfiles(models=models)
 
 
+def layered(layers: Mapping[str, TunedProfiles]) -> TunedProfiles:
+    """One set of profiles from several files, each labelled (a path, or the shipped
+    file's label); a later layer's entry replaces an earlier one for the same model and
+    fingerprint."""
+    models: dict[str, dict[str, TunedEntry]] = {}
+    read_from: dict[str, dict[str, str]] = {}
+    for label, layer in layers.items():
+        for model, per in layer.models.items():
+            models.setdefault(model, {}).update(per)
+            read_from.setdefault(model, {}).update(dict.fromkeys(per, label))
+    return TunedProfiles(models=models, read_from=read_from)
+
+
+def user_tuned_file(model_cache_dir: Path | None = None) -> Path:
+    """Where ``flotilla tune`` writes when no file is named, and serving looks for the
+    user's profiles: beside the per-machine cache, under ``--model-cache-dir``."""
+    return (model_cache_dir or default_cache_dir()) / "tuned" / SHIPPED
+
+
+def serving_profiles(tuned_file: Path | None, model_cache_dir: Path | None) -> TunedProfiles:
+    """The profiles `flotilla serve` reads: ``tuned_file`` alone when given (a run that
+    must not see the others: an empty file hides them); else the shipped ones with the
+    user's over them."""
+    if tuned_file is not None:
+        return layered({f"from {tuned_file}": load_tuned(tuned_file)})
+    user = user_tuned_file(model_cache_dir)
+    return layered({SHIPPED_LABEL: load_tuned(), f"from {user}": load_tuned(user)})
+
+
 def load_tuned(path: Path | None = None) -> TunedProfiles:
-    """The tuned profiles file (the package's when ``path`` is None); a missing file is
-    empty, a malformed one a FleetError naming it."""
-    path = path or DEFAULT_TUNED
+    """A tuned profiles file, the shipped one when ``path`` is None; a missing file is
+    empty, except the shipped one (the package is broken); a malformed one is a
+    FleetError naming it."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+        if path is None:
+            text = resources.files("embedder").joinpath(SHIPPED).read_text(encoding="utf-8")
+        else:
+            text = path.read_text(encoding="utf-8")
+        raw = yaml.safe_load(text)
+    except FileNotFoundError as exc:
+        if path is None:
+            raise FleetError(
+                f"the tuned profiles shipped in the package (embedder/{SHIPPED}) are missing: "
+                "reinstall flotilla"
+            ) from exc
         return TunedProfiles()
     except (OSError, yaml.YAMLError) as exc:
-        raise FleetError(f"cannot read tuned profiles {path}: {exc}") from exc
+        raise FleetError(f"cannot read tuned profiles {path or SHIPPED}: {exc}") from exc
     try:
         return TunedProfiles.model_validate(raw or {})
     except ValidationError as exc:
-        raise FleetError(f"tuned profiles {path} are invalid:\n{exc}") from exc
+        raise FleetError(f"tuned profiles {path or SHIPPED} are invalid:\n{exc}") from exc
 
 
-def save_tuned(tuned: TunedProfiles, path: Path | None = None) -> Path:
-    path = path or DEFAULT_TUNED
+def save_tuned(tuned: TunedProfiles, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     body = yaml.safe_dump(
         tuned.model_dump(mode="json", exclude_none=True), sort_keys=False, allow_unicode=True
@@ -192,6 +246,8 @@ def profile_for(
         return ProfileChoice(fleet, "fleet", fingerprint, why)
     m = entry.measured
     tuned_on = f"tuned for {fingerprint} on {m.date or 'an unknown date'}"
+    if (origin := tuned.origin(spec.name, fingerprint)) is not None:
+        tuned_on += f" ({origin})"
     chosen, tokens_per_s = entry.profile, m.tokens_per_s
     runtime = chosen.get("runtime", fleet.runtime)
     if adapters and runtime not in ADAPTER_RUNTIMES:

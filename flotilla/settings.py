@@ -92,8 +92,10 @@ class Settings(BaseSettings):
     tuned_file: Path | None = Field(
         default=None,
         description="Tuned profiles (`flotilla tune` writes them): a model whose fleet profile "
-        "says dtype: auto runs with the one tuned for this device's fingerprint. The file "
-        "shipped in the package when unset.",
+        "says dtype: auto runs with the one tuned for this device's fingerprint. Unset, "
+        "serving reads the profiles shipped in the package and, over them (per model and "
+        "fingerprint), your own file <model-cache-dir>/tuned/tuned.yaml, where `flotilla "
+        "tune` writes; set, this file alone is read and written.",
     )
     untuned: Literal["defaults", "quick", "background"] = Field(
         default="background",

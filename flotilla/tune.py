@@ -28,7 +28,7 @@ from embedder.core.fleet import DeviceKind, entry_as
 from embedder.tasks.embed.runtimes import load_runtime
 from embedder.tasks.embed.spec import EncoderSpec
 from embedder.tasks.registry import kind_of
-from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned
+from embedder.tuned import Measured, TunedEntry, load_tuned, save_tuned, user_tuned_file
 from embedder.tuning.cache import cache_file, identity_of, record
 from embedder.tuning.candidates import Plan, plan_for
 from embedder.tuning.corpus import TextSection, english_sections, mixed_lengths, paragraphs_of
@@ -372,7 +372,8 @@ def tune(
     plan = plan or sized(plan_for(device, quick=quick), texts, repeats)
     command = "flotilla tune " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["tune"] else "tune()"
     to = Target(device, fingerprint(device), usable_cores(), command, results)
-    target = out or settings.tuned_file
+    # Never into the installed package: the named file, else the user's own.
+    target = out or settings.tuned_file or user_tuned_file(settings.model_cache_dir)
     tuned = load_tuned(target)
     results.mkdir(parents=True, exist_ok=True)
     outcomes = []

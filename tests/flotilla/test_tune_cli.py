@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from embedder.core.device import fingerprint
 from embedder.queue.inprocess import InProcessQueue
 from embedder.tasks.embed.engine import LoadedEncoders
 from embedder.tasks.fleet import load_fleet
-from embedder.tuned import load_tuned
+from embedder.tuned import load_tuned, serving_profiles, user_tuned_file
 from embedder.tuning.cache import cache_file, read_cache
 from embedder.tuning.quiet import Quiet
 from flotilla.cli import app
@@ -126,6 +127,30 @@ def test_tune_beside_a_busy_cpu_refuses_to_write_unless_allowed(
     assert entry is not None and entry.measured.noisy is True
     assert entry.measured.other_load_cores == 1.4
     assert entry.measured.disturbed_rounds == 3  # the first round's repeats; then no more
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_tune_writes_the_users_file_not_the_installed_package(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    """With no --tuned-file, the profile goes to <model-cache-dir>/tuned/tuned.yaml, which
+    serving reads over the shipped file; the package's own file is left as it was."""
+    shipped = resources.files("embedder").joinpath("tuned.yaml").read_bytes()
+    cache = tmp_path / "cache"
+    args = ["tune", "tiny", "--fleet", str(fleet_file), "--device", "cpu", "--quick"]
+    args += ["--model-cache-dir", str(cache), "--results", str(tmp_path / "results")]
+    with hub_offline():
+        done = CliRunner().invoke(app, [*args, "--texts", "8", "--repeats", "1"])
+    assert done.exit_code == 0, done.output
+    mine = user_tuned_file(cache)
+    assert mine == cache / "tuned" / "tuned.yaml"
+    assert f"tuned profile written to {mine}" in " ".join(done.output.split())
+    fp = fingerprint("cpu")
+    assert load_tuned(mine).entry("tiny", fp) is not None
+    assert resources.files("embedder").joinpath("tuned.yaml").read_bytes() == shipped
+    served = serving_profiles(None, cache)
+    assert served.origin("tiny", fp) == f"from {mine}"
+    assert served.entry("all-minilm-l6-v2", next(iter(load_tuned().models["all-minilm-l6-v2"])))
 
 
 def test_a_cuda_device_is_tuned_with_the_cuda_plan(
