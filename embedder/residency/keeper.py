@@ -359,8 +359,6 @@ class Residents:
         record.memory_bytes = max(self.meter.used() - before, 0)
         record.load_peak_bytes = max(self.meter.peak() - before, 0)
         record.state, record.loads = "ready", record.loads + 1
-        measure = Measure(record.memory_bytes, record.load_peak_bytes, record.load_s)
-        await asyncio.to_thread(self.measures.put, record.family, measure)
         for sibling in self.records.values():
             if record.family and sibling.family == record.family and sibling.memory_bytes is None:
                 sibling.estimate_bytes = record.memory_bytes
@@ -373,6 +371,8 @@ class Residents:
             record.name, record.load_s, record.memory_bytes / MB, self.held() / MB,
             self.budget / MB,
         )  # fmt: skip
+        measure = Measure(record.memory_bytes, record.load_peak_bytes, record.load_s)
+        await asyncio.to_thread(self.measures.put, record.family, measure)
 
     async def _prepare_measured(self, name: str) -> None:
         """Run ``prepare`` for ``name``; what it sets up the first time (a runtime's
