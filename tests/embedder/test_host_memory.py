@@ -75,7 +75,6 @@ async def evict_for_the_second() -> Evicted:
 
 
 def in_a_server_process() -> Evicted:
-    limit_arenas()  # as `flotilla` does before anything starts a thread
     return asyncio.run(evict_for_the_second())
 
 
@@ -84,7 +83,9 @@ def test_evicting_a_real_model_returns_its_memory() -> None:
     earlier tests, whose threads' heaps blur what one eviction hands back."""
     from sentence_transformers import SentenceTransformer
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    # limit_arenas first, as `flotilla` does: before any import starts a thread
+    with ProcessPoolExecutor(1, mp_context=spawn, initializer=limit_arenas) as pool:
         got = pool.submit(in_a_server_process).result(timeout=600)
     assert got.size > 20 << 20  # 22.7M parameters in fp32 at the least
     assert got.states == ("evicted", "ready")
