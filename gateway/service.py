@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from embedder.core import tracing
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import (
     DeadlineExceeded,
@@ -111,6 +112,10 @@ class Gateway:
     async def handle(self, request: Request, route: Route) -> Response:
         # The route's template, not the path: /v1/collections/{name}/search is one label.
         path = getattr(request.scope.get("route"), "path", request.url.path)
+        with tracing.request(request.method, path):  # off: one shared no-op
+            return await self._handle(request, route, path)
+
+    async def _handle(self, request: Request, route: Route, path: str) -> Response:
         start = self.clock()
         model = "unknown"
         status = 500
@@ -156,7 +161,7 @@ class Gateway:
         with self.admission.admit(job.model, job.est_tokens):
             metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
             try:
-                future = await self.queue.put(job)
+                future = await self.queue.put(tracing.enqueuing(job))
                 return await self.wait(request, job, future)
             finally:
                 metrics.INFLIGHT_TOKENS.labels(job.model).dec(job.est_tokens)
