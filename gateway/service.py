@@ -112,39 +112,36 @@ class Gateway:
     async def handle(self, request: Request, route: Route) -> Response:
         # The route's template, not the path: /v1/collections/{name}/search is one label.
         path = getattr(request.scope.get("route"), "path", request.url.path)
-        with tracing.request(request.method, path):  # off: one shared no-op
-            return await self._handle(request, route, path)
-
-    async def _handle(self, request: Request, route: Route, path: str) -> Response:
         start = self.clock()
         model = "unknown"
         status = 500
-        try:
-            self.authorize(request)
-            body = await self.read_body(request)
-            check_depth(body)  # before anything decodes it: a decoder recurses per level
-            job = await route.job(self, request, body, start)
-            model = job.model
-            self.check_ready(model, job.deadline)
-            if isinstance(route, StreamingRoute) and route.streams(job):
-                # Counted when its first part is out: the request time is the first token's.
-                response = await route.stream(self, request, job)
+        with tracing.request(request.method, path):  # off: one shared no-op
+            try:
+                self.authorize(request)
+                body = await self.read_body(request)
+                check_depth(body)  # before anything decodes it: a decoder recurses per level
+                job = await route.job(self, request, body, start)
+                model = job.model
+                self.check_ready(model, job.deadline)
+                if isinstance(route, StreamingRoute) and route.streams(job):
+                    # Counted when its first part is out: the request time is the first token's.
+                    response = await route.stream(self, request, job)
+                    status = 200
+                    return response
+                result = await route.respond(job, await self.run(request, job))
                 status = 200
-                return response
-            result = await route.respond(job, await self.run(request, job))
-            status = 200
-        except ClientGone as exc:
-            status = exc.http_status
-            log.debug("%s %s: %s", request.method, request.url.path, exc.message)
-            raise
-        except FlotillaError as exc:
-            status = exc.http_status
-            raise
-        finally:
-            elapsed = self.clock() - start
-            metrics.REQUESTS.labels(model, path, str(status)).inc()
-            if status == 200:
-                metrics.REQUEST_SECONDS.labels(model, path).observe(elapsed)
+            except ClientGone as exc:
+                status = exc.http_status
+                log.debug("%s %s: %s", request.method, request.url.path, exc.message)
+                raise
+            except FlotillaError as exc:
+                status = exc.http_status
+                raise
+            finally:
+                elapsed = self.clock() - start
+                metrics.REQUESTS.labels(model, path, str(status)).inc()
+                if status == 200:
+                    metrics.REQUEST_SECONDS.labels(model, path).observe(elapsed)
         metrics.QUEUE_SECONDS.labels(model).observe(result.timings.queue_s)
         headers = {
             "x-request-id": job.id,
