@@ -150,7 +150,10 @@ class BatchTrace:
     def __init__(self, jobs: Sequence[Job]) -> None:
         tracer = _State.tracer
         now = time.time_ns()
-        self._parents = {job.id: _extract(job.trace) for job in jobs}
+        # Only jobs that carry a request's context get spans of their own: one made here
+        # for an untraced job (ingest's, a gateway's that does not trace) would be the
+        # root of a trace nobody else writes to.
+        self._parents = {job.id: _extract(job.trace) for job in jobs if job.trace}
         requests = [
             trace.get_current_span(ctx).get_span_context() for ctx in self._parents.values()
         ]
@@ -167,6 +170,8 @@ class BatchTrace:
         )
         self._link = [Link(self.span.get_span_context())]
         for job in jobs:
+            if job.id not in self._parents:
+                continue
             queued = tracer.start_span(
                 "flotilla.queue",
                 context=self._parents[job.id],
@@ -191,7 +196,10 @@ class BatchTrace:
 
     @contextlib.contextmanager
     def reply(self, job: Job, outcome: object) -> Iterator[None]:
-        parent = self._parents.get(job.id) or Context()
+        parent = self._parents.get(job.id)
+        if parent is None:  # an untraced job
+            yield
+            return
         span = _State.tracer.start_span(
             "flotilla.reply", context=parent, kind=SpanKind.PRODUCER, links=self._link
         )
