@@ -346,10 +346,14 @@ def configure_logging(settings: Settings) -> None:
 
 
 def configure_tracing(settings: Settings, service: str) -> None:
-    """Spans of this process (``service``) to --otlp-endpoint, when set."""
+    """Spans of this process (``service``) to --otlp-endpoint, when set; without the SDK
+    installed, the command ends saying what to install."""
     from flotilla import tracing
 
-    tracing.start(settings.otlp_endpoint, service)
+    try:
+        tracing.start(settings.otlp_endpoint, service)
+    except tracing.TracingUnavailable as exc:
+        raise SystemExit(f"error: {exc.message}") from None
 
 
 def run_http(app: FastAPI, settings: Settings) -> None:

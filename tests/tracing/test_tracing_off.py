@@ -14,7 +14,9 @@ import pytest
 from embedder.core import tracing
 from embedder.core.jobs import ApiShape, Job
 from embedder.queue.jetstream import wire
+from flotilla.settings import Settings
 from flotilla.tracing import TracingUnavailable, start, traces_url
+from flotilla.wiring import configure_tracing
 from tests.tracing.spans import recorded
 
 OFF_PROBE = """
@@ -92,4 +94,8 @@ def test_an_endpoint_without_the_sdk_says_what_to_install(
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # as if not installed
     with pytest.raises(TracingUnavailable, match=r"flotilla\[tracing\]"):
         start("http://127.0.0.1:4318", "flotilla-serve")
+    # A command ends with the message, not a traceback.
+    settings = Settings(otlp_endpoint="http://127.0.0.1:4318")
+    with pytest.raises(SystemExit, match=r"^error: --otlp-endpoint needs the OpenTelemetry SDK"):
+        configure_tracing(settings, "flotilla-serve")
     assert not tracing.on()
