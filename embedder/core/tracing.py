@@ -229,9 +229,10 @@ class NoBatch:
 
 
 NO_BATCH = NoBatch()
+BatchSpans = BatchTrace | NoBatch  # what a batch carries through the worker's pipeline
 
 
-def batch(jobs: Sequence[Job]) -> BatchTrace | NoBatch:
+def batch(jobs: Sequence[Job]) -> BatchSpans:
     """The trace of a batch (of one model) the worker has just taken to run."""
     if not _State.on or not jobs:
         return NO_BATCH

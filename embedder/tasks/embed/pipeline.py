@@ -241,7 +241,7 @@ class _Staged:
     prepared: Prepared | None = None
     model: LoadedModel | None = None
     # Its spans from the moment the runner takes it (embedder.core.tracing); off: no-ops.
-    trace: tracing.BatchTrace | tracing.NoBatch = field(init=False)
+    trace: tracing.BatchSpans = field(init=False)
 
     def __post_init__(self) -> None:
         self.trace = tracing.batch(self.jobs)
@@ -389,7 +389,7 @@ class Pipeline:
         self.put_back(jobs)
 
     async def _forward(
-        self, prepared: Prepared, model: LoadedModel, trace: tracing.BatchTrace | tracing.NoBatch
+        self, prepared: Prepared, model: LoadedModel, trace: tracing.BatchSpans
     ) -> Forwarded:
         """The device's part, in a turn of the device shared with generation."""
         deadline = min((job.deadline for job, _, _ in prepared.items), default=0.0)
@@ -462,7 +462,7 @@ class Pipeline:
         model: LoadedModel,
         forwarded: Forwarded,
         now: float,
-        trace: tracing.BatchTrace | tracing.NoBatch,
+        trace: tracing.BatchSpans,
     ) -> None:
         """Encode and deliver this batch on the host thread while the device moves on;
         one batch finishes at a time, in order."""
@@ -478,7 +478,7 @@ class Pipeline:
         model: LoadedModel,
         forwarded: Forwarded,
         now: float,
-        trace: tracing.BatchTrace | tracing.NoBatch,
+        trace: tracing.BatchSpans,
     ) -> None:
         try:
             report = await self._host.call(finish_batch, forwarded, model, now)
@@ -494,7 +494,7 @@ class Pipeline:
         self._finishing, self._finishing_model = (), None
 
     async def _deliver(
-        self, model: LoadedModel, report: BatchReport, trace: tracing.BatchTrace | tracing.NoBatch
+        self, model: LoadedModel, report: BatchReport, trace: tracing.BatchSpans
     ) -> None:
         name = model.spec.name
         if report.tokens:
