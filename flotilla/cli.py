@@ -26,6 +26,7 @@ from flotilla.flags import (
     RECORDS,
     RESIDENCY,
     STORE,
+    TRACING,
     TUNE,
     WORK_QUEUE,
     set_help_width,
@@ -48,7 +49,7 @@ def _width_without_terminal() -> None:
 
 @app.command()
 @settings_flags(
-    HTTP_API | MODELS | PROFILES | RESIDENCY | DECODING | STORE | RECORDS | KAFKA_INGEST
+    HTTP_API | MODELS | PROFILES | RESIDENCY | DECODING | STORE | RECORDS | KAFKA_INGEST | TRACING
 )
 def serve(settings: Settings) -> None:
     """Gateway, in-process queue and a worker in one process, on the embedded defaults."""
@@ -61,7 +62,7 @@ def serve(settings: Settings) -> None:
 @app.command()
 # No models here (no cache, device or threads), and the workers decode the requests (no
 # DECODING); its store is the Qdrant server or none, so data_dir only places the adapters.
-@settings_flags(HTTP_API | STORE | WORK_QUEUE | {"reply_topic_prefix", "gateway_id"})
+@settings_flags(HTTP_API | STORE | WORK_QUEUE | TRACING | {"reply_topic_prefix", "gateway_id"})
 def gateway(settings: Settings) -> None:
     """HTTP gateway over the shared work queue (--nats: JetStream): annotates requests and
     puts them on the queue; `flotilla worker` processes run the models. Loads no model."""
@@ -87,6 +88,7 @@ def gateway(settings: Settings) -> None:
     | RECORDS
     | KAFKA_INGEST
     | PLACEMENT
+    | TRACING
     | {"host", "worker_port", "log_level"}
 )
 def worker(settings: Settings) -> None:
@@ -130,6 +132,7 @@ def worker(settings: Settings) -> None:
     | (DECODING - {"max_inputs_per_request"})  # the OCR limits, for scanned documents
     | KAFKA_INGEST
     | PROGRESS
+    | TRACING
     | {"api_keys", "max_body_bytes", "max_inflight_tokens"},
     also={"ingest_model": "--model"},
 )

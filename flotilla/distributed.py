@@ -77,6 +77,7 @@ def build_gateway_app(settings: Settings) -> FastAPI:
 
 def serve_gateway(settings: Settings) -> None:
     wiring.configure_logging(settings)
+    wiring.configure_tracing(settings, "flotilla-gateway")
     wiring.run_http(build_gateway_app(settings), settings)
 
 
@@ -199,4 +200,5 @@ async def _join(
 
 def serve_worker(settings: Settings) -> None:
     wiring.configure_logging(settings)
+    wiring.configure_tracing(settings, "flotilla-worker")
     asyncio.run(run_worker(settings))

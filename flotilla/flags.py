@@ -119,6 +119,8 @@ KAFKA_INGEST = frozenset(
     {"kafka", "topic", "group", "ingest_max_records", "dlq_create"}
     | set(section_settings("kafka_security"))
 )
+# wiring.configure_tracing(): where the processes that serve or ingest send their spans.
+TRACING = frozenset({"otlp_endpoint"})
 # flotilla.progress: the plain lines of a long command whose output is not a terminal.
 PROGRESS = frozenset({"progress_interval_s"})
 # Both halves of the JetStream work queue and the worker liveness, and the security of

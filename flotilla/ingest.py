@@ -37,6 +37,7 @@ async def consume(settings: Settings) -> None:
         raise SystemExit("ingesting from Kafka needs --kafka BOOTSTRAP and --topic TOPIC")
     stop = stop_event()  # before loading: a stop while loading must not kill the process
     quiet_repeats()  # a broker outage is a few lines on stderr, not ten a second
+    wiring.configure_tracing(settings, "flotilla-ingest")
     with contextlib.suppress(wiring.Stopped):
         async with wiring.running_stack(
             settings,

@@ -65,4 +65,5 @@ def build_app(settings: Settings) -> FastAPI:
 
 def serve(settings: Settings) -> None:
     wiring.configure_logging(settings)
+    wiring.configure_tracing(settings, "flotilla-serve")
     wiring.run_http(build_app(settings), settings)

@@ -148,6 +148,13 @@ class Settings(BaseSettings):
         default="info",
         description="Least severe log messages written: debug, info, warning or error.",
     )
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OpenTelemetry collector (Jaeger, Tempo, an OTel Collector) to export "
+        "request traces to over OTLP/HTTP, e.g. http://collector:4318 (spans go to "
+        "<url>/v1/traces). Unset: no trace is recorded and tracing costs nothing; set, "
+        "each request costs a few spans (needs the 'tracing' extra).",
+    )
 
     # -- the vector store and the files ------------------------------------
     store: Literal["edge", "qdrant"] = Field(
@@ -371,7 +378,7 @@ class LoraSettings(Settings, TrainConfig, Prices):
 # holding a boolean flag (two columns of names) keeps to short names, or Rich cuts them
 # at 80 columns.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "Server": ("host", "port", "worker_port", "log_level"),
+    "Server": ("host", "port", "worker_port", "log_level", "otlp_endpoint"),
     # auto_truncate is how the models take over-long inputs, from requests or ingest alike.
     "Models": (
         "fleet",

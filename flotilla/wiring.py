@@ -345,6 +345,17 @@ def configure_logging(settings: Settings) -> None:
     quiet_repeats()  # the Kafka client's retries, once per half minute
 
 
+def configure_tracing(settings: Settings, service: str) -> None:
+    """Spans of this process (``service``) to --otlp-endpoint, when set; without the SDK
+    installed, the command ends saying what to install."""
+    from flotilla import tracing
+
+    try:
+        tracing.start(settings.otlp_endpoint, service)
+    except tracing.TracingUnavailable as exc:
+        raise SystemExit(f"error: {exc.message}") from None
+
+
 def run_http(app: FastAPI, settings: Settings) -> None:
     """Serve ``app`` until SIGINT/SIGTERM; in-flight requests get 10 s to finish, stalled
     headers are dropped after --header-timeout-s (``flotilla.http_server``)."""

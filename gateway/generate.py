@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from embedder.core import tracing
 from embedder.core.errors import DeadlineExceeded, FlotillaError, InvalidRequest
 from embedder.core.fleet import FleetView, entry_as
 from embedder.core.jobs import Job, JobResult, Task
@@ -105,6 +106,7 @@ async def stream(gateway: Gateway, request: Request, job: Job) -> Response:
     metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
     held.callback(metrics.INFLIGHT_TOKENS.labels(job.model).dec, job.est_tokens)
     try:
+        job = tracing.enqueuing(job)
         queue = gateway.queue
         if isinstance(queue, StreamingSubmitter):
             replies = await queue.put_streaming(job)

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from embedder.core import tracing
 from embedder.core.adapters import AdapterCatalog
 from embedder.core.errors import (
     DeadlineExceeded,
@@ -114,32 +115,33 @@ class Gateway:
         start = self.clock()
         model = "unknown"
         status = 500
-        try:
-            self.authorize(request)
-            body = await self.read_body(request)
-            check_depth(body)  # before anything decodes it: a decoder recurses per level
-            job = await route.job(self, request, body, start)
-            model = job.model
-            self.check_ready(model, job.deadline)
-            if isinstance(route, StreamingRoute) and route.streams(job):
-                # Counted when its first part is out: the request time is the first token's.
-                response = await route.stream(self, request, job)
+        with tracing.request(request.method, path):  # off: one shared no-op
+            try:
+                self.authorize(request)
+                body = await self.read_body(request)
+                check_depth(body)  # before anything decodes it: a decoder recurses per level
+                job = await route.job(self, request, body, start)
+                model = job.model
+                self.check_ready(model, job.deadline)
+                if isinstance(route, StreamingRoute) and route.streams(job):
+                    # Counted when its first part is out: the request time is the first token's.
+                    response = await route.stream(self, request, job)
+                    status = 200
+                    return response
+                result = await route.respond(job, await self.run(request, job))
                 status = 200
-                return response
-            result = await route.respond(job, await self.run(request, job))
-            status = 200
-        except ClientGone as exc:
-            status = exc.http_status
-            log.debug("%s %s: %s", request.method, request.url.path, exc.message)
-            raise
-        except FlotillaError as exc:
-            status = exc.http_status
-            raise
-        finally:
-            elapsed = self.clock() - start
-            metrics.REQUESTS.labels(model, path, str(status)).inc()
-            if status == 200:
-                metrics.REQUEST_SECONDS.labels(model, path).observe(elapsed)
+            except ClientGone as exc:
+                status = exc.http_status
+                log.debug("%s %s: %s", request.method, request.url.path, exc.message)
+                raise
+            except FlotillaError as exc:
+                status = exc.http_status
+                raise
+            finally:
+                elapsed = self.clock() - start
+                metrics.REQUESTS.labels(model, path, str(status)).inc()
+                if status == 200:
+                    metrics.REQUEST_SECONDS.labels(model, path).observe(elapsed)
         metrics.QUEUE_SECONDS.labels(model).observe(result.timings.queue_s)
         headers = {
             "x-request-id": job.id,
@@ -156,7 +158,7 @@ class Gateway:
         with self.admission.admit(job.model, job.est_tokens):
             metrics.INFLIGHT_TOKENS.labels(job.model).inc(job.est_tokens)
             try:
-                future = await self.queue.put(job)
+                future = await self.queue.put(tracing.enqueuing(job))
                 return await self.wait(request, job, future)
             finally:
                 metrics.INFLIGHT_TOKENS.labels(job.model).dec(job.est_tokens)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
+from embedder.core import tracing
 from embedder.core.errors import FlotillaError, LimitExceeded
 from ingest.chunking import Chunking, Passage, page_passages
 from ingest.embedding import QueueEmbedder
@@ -87,6 +88,16 @@ class ChunkReport:
 
 
 DeadLetter = Callable[[Sequence[tuple[RawRecord, str]]], Awaitable[None]]
+
+
+def _attributes(source: SourceRef) -> dict[str, str | int]:
+    """A record's place, as OpenTelemetry's messaging conventions name it."""
+    return {
+        "messaging.system": "kafka",
+        "messaging.destination.name": source.topic,
+        "messaging.destination.partition.id": str(source.partition),
+        "messaging.kafka.offset": source.offset,
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +170,21 @@ class IngestCore:
         return await self.backoff.run(what, action, *args, watch=self.store_watch)
 
     async def process(self, records: Sequence[RawRecord], dead_letter: DeadLetter) -> ChunkReport:
+        if not tracing.on():
+            return await self._process(records, dead_letter)
+        # A record a producer traced continues that trace: a span of its own for the
+        # chunk's embedding and writing (embedder.core.tracing), failed if dead-lettered.
+        traced = tracing.ingest_records([(r.headers, _attributes(r.source)) for r in records])
+        try:
+            report = await self._process(records, dead_letter)
+            index = {r.source: i for i, r in enumerate(records)}
+            for record, reason in report.poisons:
+                traced.failed(index[record.source], reason)
+            return report
+        finally:
+            traced.end()
+
+    async def _process(self, records: Sequence[RawRecord], dead_letter: DeadLetter) -> ChunkReport:
         report = ChunkReport()
         by_source = {r.source: r for r in records}
         parsed = [parse_record(r.key, r.value, r.headers, r.source, self.rules) for r in records]

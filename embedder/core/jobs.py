@@ -117,6 +117,9 @@ class Job:
     # worker hands back a job it cannot finish in time only on its first delivery, so a
     # job no worker can finish in time bounces once, not until its deadline.
     deliveries: int = 1
+    # The request's trace context as W3C trace-context headers (embedder.core.tracing),
+    # empty while tracing is off: the worker's spans of this job continue that trace.
+    trace: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def new(

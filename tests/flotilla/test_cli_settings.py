@@ -47,7 +47,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     # app (api keys, body limit, deadline, admission, token estimate).
     ("serve",): frozenset(
         {
-            *("host", "port", "log_level"),
+            *("host", "port", "log_level", "otlp_endpoint"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
             *("memory_budget_mb", "fleet_state", "admin_keys"),
@@ -69,7 +69,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     # cut or refused, by the workers.
     ("gateway",): frozenset(
         {
-            *("host", "port", "log_level", "fleet", "adapters_dir", "data_dir"),
+            *("host", "port", "log_level", "otlp_endpoint", "fleet", "adapters_dir", "data_dir"),
             *("api_keys", "request_timeout_s", "max_body_bytes", "max_inflight_tokens"),
             *("bytes_per_token", "header_timeout_s", "body_timeout_s"),
             *STORE,
@@ -84,7 +84,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
     # (flotilla.worker_ingest) the store, the record rules and the Kafka source.
     ("worker",): frozenset(
         {
-            *("host", "worker_port", "log_level"),
+            *("host", "worker_port", "log_level", "otlp_endpoint"),
             *("fleet", "model_cache_dir", "device", "threads", "adapters_dir", "data_dir"),
             *("tuned_file", "untuned", "tune_budget_s", "tune_nice"),
             *("memory_budget_mb", "idle_evict_s"),
@@ -117,6 +117,7 @@ READS: dict[tuple[str, ...], frozenset[str]] = {
             *("kafka", "topic", "group", "ingest_max_records", "dlq_create"),
             *KAFKA_SECURITY,
             *("progress_interval_s", "api_keys", "max_body_bytes", "max_inflight_tokens"),
+            *("otlp_endpoint",),  # the spans of the records it consumes from --topic
         }
     ),
     # flotilla.evaluate.retrieval: ingest_stack() with auto_truncate forced on and chunking

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from embedder.core import tracing
 from embedder.core.errors import FlotillaError
 from embedder.core.jobs import ApiShape, Job, JobResult, Timings
 from embedder.queue.protocol import Outcome, Partial
@@ -76,6 +77,7 @@ def encode_job(job: Job, reply_to: str) -> Headers:
     }
     if job.adapter is not None:
         headers[ADAPTER] = job.adapter
+    headers.update(job.trace)  # traceparent (W3C), as any traced consumer reads it
     return headers
 
 
@@ -99,6 +101,7 @@ def decode_job(
             adapter=fields.get(ADAPTER),
             priority=int(fields.get(PRIORITY, "0")),
             deliveries=deliveries,
+            trace=tracing.carried(fields),
         )
         return job, fields[REPLY_TO]
     except KeyError as exc:

@@ -33,9 +33,10 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from embedder.core import tracing
 from embedder.core.errors import AdapterBuilding, FlotillaError, InferenceFailed
 from embedder.core.jobs import Job
 from embedder.core.lifecycle import cancel_and_wait
@@ -239,6 +240,11 @@ class _Staged:
     jobs: Batch
     prepared: Prepared | None = None
     model: LoadedModel | None = None
+    # Its spans from the moment the runner takes it (embedder.core.tracing); off: no-ops.
+    trace: tracing.BatchSpans = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.trace = tracing.batch(self.jobs)
 
 
 class Pipeline:
@@ -329,12 +335,13 @@ class Pipeline:
         prepared = await self._prepared(staged)
         if prepared is None or staged.model is None:
             self._current = None
+            staged.trace.end()
             return
         model = staged.model
         started, now = time.perf_counter(), self.clock()
         running = [job for job, _, _ in prepared.items]
         self._busy_until = now + self._expected_s(running)
-        forward = asyncio.ensure_future(self._forward(prepared, model))
+        forward = asyncio.ensure_future(self._forward(prepared, model, staged.trace))
         await self._take_ahead(ready, forward, started, model.spec.name, estimated(running))
         try:
             forwarded = await forward
@@ -347,7 +354,7 @@ class Pipeline:
             forwarded = dataclasses.replace(forwarded, waiting=())
         if forwarded.tokens:  # a pass that failed says nothing of the pace
             self.pace.timed_device(model.spec.name, forwarded.inference_s, estimated(running))
-        await self._finish_later(model, forwarded, now)
+        await self._finish_later(model, forwarded, now, staged.trace)
 
     def _park(self, waiting: Sequence[tuple[Job, AdapterBuilding]]) -> None:
         """Hold jobs whose adapter is being built until the build ends, or the first of
@@ -381,11 +388,14 @@ class Pipeline:
         assert self.put_back is not None, "jobs are parked only where they can be put back"
         self.put_back(jobs)
 
-    async def _forward(self, prepared: Prepared, model: LoadedModel) -> Forwarded:
+    async def _forward(
+        self, prepared: Prepared, model: LoadedModel, trace: tracing.BatchSpans
+    ) -> Forwarded:
         """The device's part, in a turn of the device shared with generation."""
         deadline = min((job.deadline for job, _, _ in prepared.items), default=0.0)
         async with self.turns.turn("embed", deadline):
-            return await self._device.call(forward_batch, prepared, model)
+            with trace.forward(len(prepared.items)):
+                return await self._device.call(forward_batch, prepared, model)
 
     async def _prepared(self, staged: _Staged) -> Prepared | None:
         """The batch decoded and tokenized, less the jobs withdrawn by now; None if none
@@ -447,7 +457,13 @@ class Pipeline:
         if live and lead is not None:  # untimed, it waits its turn unprepared
             staged.prepared = await self._prepare(live, staged)
 
-    async def _finish_later(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:
+    async def _finish_later(
+        self,
+        model: LoadedModel,
+        forwarded: Forwarded,
+        now: float,
+        trace: tracing.BatchSpans,
+    ) -> None:
         """Encode and deliver this batch on the host thread while the device moves on;
         one batch finishes at a time, in order."""
         if self._finisher is not None:
@@ -455,9 +471,15 @@ class Pipeline:
         jobs = self._running
         self._finishing, self._running = jobs, ()
         self._finishing_model, self._current = model, None
-        self._finisher = asyncio.create_task(self._finish(model, forwarded, now))
+        self._finisher = asyncio.create_task(self._finish(model, forwarded, now, trace))
 
-    async def _finish(self, model: LoadedModel, forwarded: Forwarded, now: float) -> None:
+    async def _finish(
+        self,
+        model: LoadedModel,
+        forwarded: Forwarded,
+        now: float,
+        trace: tracing.BatchSpans,
+    ) -> None:
         try:
             report = await self._host.call(finish_batch, forwarded, model, now)
         except Exception as exc:  # finish_batch classifies encoding errors: this is a bug
@@ -467,10 +489,13 @@ class Pipeline:
             report = BatchReport(
                 [*forwarded.prepared.failed, *((job, error) for job in jobs)], 0, 0.0
             )
-        await self._deliver(model, report)
+        await self._deliver(model, report, trace)
+        trace.end()
         self._finishing, self._finishing_model = (), None
 
-    async def _deliver(self, model: LoadedModel, report: BatchReport) -> None:
+    async def _deliver(
+        self, model: LoadedModel, report: BatchReport, trace: tracing.BatchSpans
+    ) -> None:
         name = model.spec.name
         if report.tokens:
             metrics.BATCH_TOKENS.labels(name).observe(report.tokens)
@@ -481,4 +506,5 @@ class Pipeline:
         for job, outcome in report.outcomes:
             outcome_label = type(outcome).__name__ if isinstance(outcome, FlotillaError) else "ok"
             metrics.JOBS.labels(name, outcome_label).inc()
-            await self.queue.complete(job.id, outcome)
+            with trace.reply(job, outcome):
+                await self.queue.complete(job.id, outcome)
