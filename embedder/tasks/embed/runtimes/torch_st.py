@@ -318,6 +318,11 @@ def load(spec: EncoderSpec, device_kind: DeviceKind, threads: int) -> TorchRunti
             model_kwargs["attn_implementation"] = "flash_attention_2"
         else:
             model_kwargs["attn_implementation"] = "sdpa"
+    elif wanted == "bfloat16":
+        # Cast as each tensor loads, not after: a whole fp32 copy beside the bf16 one
+        # would set the load's peak (multilingual-e5-small: 681 MB, not 1,009; the same
+        # weights and vectors either way).
+        model_kwargs["dtype"] = torch.bfloat16
     cross = spec.task == Task.RERANK
     if cross:
         module, tokenizer, max_tokens = _cross_encoder(spec, device, model_kwargs)
@@ -340,9 +345,9 @@ def load(spec: EncoderSpec, device_kind: DeviceKind, threads: int) -> TorchRunti
 
     if device.type == "cuda":
         return runtime(module, autocast)
-    module = module.float()  # the folder may hold another dtype; the reference is fp32
     if wanted == "bfloat16":
-        return runtime(module.to(torch.bfloat16))
+        return runtime(module.to(torch.bfloat16))  # loaded so: a no-op but for odd layers
+    module = module.float()  # the folder may hold another dtype; the reference is fp32
     if wanted != "auto":
         return runtime(module, autocast)
     if not cpu_has_bf16():
