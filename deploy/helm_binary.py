@@ -8,14 +8,13 @@ in ``<root>/helm-<version>/helm``."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from bench.services.cache import cache_root, locked
 
 MODULE = "helm.sh/helm/v4"
 VERSION = "v4.3.2"
@@ -25,11 +24,6 @@ GO_FALLBACK = Path("/usr/local/go/bin/go")
 
 class HelmSetupError(RuntimeError):
     """The pinned helm cannot be provided: no Go toolchain, or its build failed."""
-
-
-def cache_root() -> Path:
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "flotilla"
 
 
 def helm_path() -> Path:
@@ -47,25 +41,13 @@ def _go() -> str:
     return found
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Two checkouts sharing the cache build once, not racing each other into one folder.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_helm() -> Path:
     """The pinned helm binary; builds it when missing (minutes, once). Raises
     HelmSetupError when that fails."""
     helm = helm_path()
     if helm.is_file():
         return helm
-    with _locked(helm.parent.with_name(f".helm-{VERSION}.lock")):
+    with locked(helm.parent.with_name(f".helm-{VERSION}.lock")):
         if helm.is_file():
             return helm
         partial = helm.parent.with_name(f"helm-{VERSION}.partial-{os.getpid()}")

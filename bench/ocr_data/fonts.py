@@ -15,16 +15,15 @@ and ``§``; a test checks it.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
-import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.services.cache import cache_root as shared_cache_root
+from bench.services.cache import locked
 
 MARKER = ".flotilla-complete"
 
@@ -113,10 +112,7 @@ class FontSetupError(RuntimeError):
 
 
 def cache_root() -> Path:
-    if root := os.environ.get("FLOTILLA_FONTS_CACHE"):
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "flotilla"
+    return shared_cache_root("FLOTILLA_FONTS_CACHE")
 
 
 def package_dir(package: Package) -> Path:
@@ -126,18 +122,6 @@ def package_dir(package: Package) -> Path:
 def _is_complete(folder: Path, package: Package) -> bool:
     marker = folder / MARKER
     return marker.is_file() and marker.read_text().strip() == package.sha256
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Parallel test workers, or two checkouts sharing the cache, fetch once.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _run(command: list[str], cwd: Path) -> None:
@@ -181,7 +165,7 @@ def ensure_package(package: Package) -> Path:
     folder = package_dir(package)
     if _is_complete(folder, package):
         return folder
-    with _locked(folder.parent / ".lock"):
+    with locked(folder.parent / ".lock"):
         if not _is_complete(folder, package):
             _fetch(package, folder)
     return folder

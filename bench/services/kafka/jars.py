@@ -7,16 +7,16 @@ The cache root is ``$FLOTILLA_KAFKA_CACHE``, else ``$XDG_CACHE_HOME/flotilla``, 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
+
+from bench.services.cache import cache_root as shared_cache_root
+from bench.services.cache import locked
 
 POM = Path(__file__).with_name("pom.xml")
 MARKER = ".flotilla-complete"
@@ -35,10 +35,7 @@ def kafka_version(pom: Path = POM) -> str:
 
 
 def cache_root() -> Path:
-    if root := os.environ.get("FLOTILLA_KAFKA_CACHE"):
-        return Path(root).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "flotilla"
+    return shared_cache_root("FLOTILLA_KAFKA_CACHE")
 
 
 def libs_dir(pom: Path = POM) -> Path:
@@ -57,19 +54,6 @@ def _is_complete(libs: Path, digest: str) -> bool:
     return marker.is_file() and marker.read_text().strip() == digest
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    # Parallel test workers (or two checkouts sharing the cache) resolve once, not racing
-    # each other into the same directory.
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def ensure_jars(pom: Path = POM) -> Path:
     """The directory holding every runtime jar of the pinned broker; resolves it with Maven
     when missing or made from another pom. Raises KafkaSetupError when that fails."""
@@ -77,7 +61,7 @@ def ensure_jars(pom: Path = POM) -> Path:
     digest = _digest(pom)
     if _is_complete(libs, digest):
         return libs
-    with _locked(libs.parent / ".lock"):
+    with locked(libs.parent / ".lock"):
         if _is_complete(libs, digest):
             return libs
         mvn = shutil.which("mvn")
