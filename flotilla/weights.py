@@ -11,7 +11,6 @@ version are left alone: running it again costs a metadata read.
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import shutil
 import sys
 import tomllib
@@ -63,7 +62,7 @@ def pins(groups: Sequence[str] = ("fleet",)) -> list[Pin]:
 def installer(python: str = sys.executable) -> list[str]:
     """The install command of this interpreter's environment, without dependencies: its
     pip, or uv's pip pointed at it where the environment has no pip (``uv venv``)."""
-    if importlib.util.find_spec("pip") is not None:
+    if _has("pip"):
         return [python, "-m", "pip", "install", "--no-deps"]
     uv = shutil.which("uv")
     if uv is not None:
@@ -72,6 +71,16 @@ def installer(python: str = sys.executable) -> list[str]:
         f"{python} has no pip and no uv is on PATH: install pip into this environment "
         "(python -m ensurepip) and run `flotilla models install` again"
     )
+
+
+def _has(distribution: str) -> bool:
+    """Installed in this environment, by its metadata: finding pip's module would run
+    setuptools' import hook for it, which warns when distutils was imported before."""
+    try:
+        importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def missing(wanted: Sequence[Pin]) -> list[Pin]:

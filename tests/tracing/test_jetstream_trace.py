@@ -38,12 +38,14 @@ async def spans_of(receiver: OtlpReceiver, timeout_s: float = 30.0) -> dict[str,
 
 
 async def test_one_request_is_one_trace_across_gateway_and_worker(
-    nats_server: NatsServer, tiny_fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_fleet: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # export within 0.1 s, not 5 s
     stream = unique_name("TRACED").replace("-", "_")
     port = free_port()
-    with OtlpReceiver() as receiver, processes() as procs:
+    # A server of its own: the suite's holds the liveness bucket made by earlier tests on
+    # file storage, which this run's memory storage could not make again.
+    with NatsServer() as nats_server, OtlpReceiver() as receiver, processes() as procs:
         shared = [
             "--nats", nats_server.url, "--fleet", str(tiny_fleet), "--nats-stream", stream,
             "--nats-subject-prefix", f"jobs.{stream}", "--nats-storage", "memory",
