@@ -122,7 +122,7 @@ def verdict(answers: list[Answer], phases: list[Phase], cluster: Cluster) -> Non
     unexplained = [a for a in answers if a.outcome == "503" and "Retry-After" not in a.detail]
     assert not unexplained, unexplained[:5]
     errors = sum(1 for a in answers if not a.ok)
-    assert errors <= MAX_ERROR_SHARE * len(answers), (errors, len(answers), rows)
+    assert errors <= MAX_ERROR_SHARE * len(answers), (errors, len(answers), rows, logs)
     recovered = rows[-1]["recovery_s"]
     assert recovered is not None and recovered <= RECOVERED_WITHIN_S, (rows[-1], logs)
 

@@ -42,6 +42,15 @@ def _key(worker_id: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in worker_id)
 
 
+async def next_entry(watcher: KeyValue.KeyWatcher, timeout_s: float) -> KeyValue.Entry | None:
+    """The watcher's next entry (None: the end of what the bucket held), TimeoutError after
+    ``timeout_s``. Not the client's own timeout: it is ``asyncio.wait_for``, which on
+    Python 3.11 drops a cancellation that comes as an entry arrives (a worker's last
+    word as the gateway stops), and the watch would then run on."""
+    async with asyncio.timeout(timeout_s):
+        return await watcher.updates(timeout=None)  # type: ignore[no-untyped-call,no-any-return]
+
+
 class WorkerLiveness(Lifecycle):
     """A worker's side: its entry at start, refreshed every ``interval_s``, deleted at
     stop so gateways stop counting on it at once. The bucket is made again when the
@@ -163,6 +172,7 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         self._task: asyncio.Task[None] | None = None
         self._watcher: KeyValue.KeyWatcher | None = None
         self._heard_after = 0  # the connection's reconnects when a worker was last heard
+        self._revision = 0  # the bucket's sequence of the latest word the watcher delivered
 
     async def start(self) -> None:
         await self._link.open()
@@ -194,11 +204,14 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
         # quorum): the workers last heard are reconnecting too, and get the grace from now.
         self._back_at = self.clock()
         kv = await workers_bucket(self._link.js, self.config, MISSED_BEATS * INTERVAL_S)
-        created = (await kv.status()).stream_info.created
+        info = (await kv.status()).stream_info
+        created = info.created
+        # What the bucket held up to now the watcher reads first; only later word counts.
+        self._revision = info.state.last_seq
         watcher = await kv.watchall()
         try:
             while True:
-                entry = await watcher.updates(timeout=5.0)  # type: ignore[no-untyped-call]
+                entry = await next_entry(watcher, 5.0)
                 if entry is None:  # the end of what the bucket held
                     break
                 self._note(entry)
@@ -217,29 +230,34 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
     async def _follow(self, kv: KeyValue, watcher: KeyValue.KeyWatcher, created: object) -> None:
         while True:
             try:
-                entry = await watcher.updates(timeout=SILENCE_S)  # type: ignore[no-untyped-call]
+                entry = await next_entry(watcher, SILENCE_S)
             except TimeoutError:
-                if await self._bucket_replaced(kv, created):
+                if await self._watcher_lost(kv, created):
                     self._link.renew()
                     return
                 continue
             if entry is not None:
                 self._note(entry)
 
-    @staticmethod
-    async def _bucket_replaced(kv: KeyValue, created: object) -> bool:
-        """Whether the bucket watched is gone (deleted, or lost by the server and made
-        again); a server that does not answer now is the reconnect's business."""
+    async def _watcher_lost(self, kv: KeyValue, created: object) -> bool:
+        """Whether the watcher stopped hearing its bucket: the bucket is gone (deleted, or
+        lost by the server and made again), or it holds word the watcher never delivered.
+        The latter is a watcher whose consumer died with a clustered server that led the
+        bucket: the client makes it again only after missed heartbeats, and gives up when
+        that one try fails (no leader yet), so the watcher would stay silent while the
+        workers beat on. A server that does not answer now is the reconnect's business."""
         try:
             status = await kv.status()
         except NotFoundError:
             return True
         except (NatsError, TimeoutError):
             return False
-        return status.stream_info.created != created
+        info = status.stream_info
+        return info.created != created or info.state.last_seq > self._revision
 
     def _note(self, entry: KeyValue.Entry) -> None:
         self._last_word = self.clock()
+        self._revision = max(self._revision, entry.revision or 0)
         if entry.operation in ("DEL", "PURGE") or not entry.value:
             self._workers.pop(entry.key, None)
             return

@@ -30,6 +30,9 @@ pytestmark = pytest.mark.slow  # starts servers
 
 WAIT_S = 15.0
 PROMPT_S = 0.5  # a refusal while the broker is unreachable takes no longer than this
+# A watcher gone silent is replaced after one silence (SILENCE_S, 3 s) and a new watch;
+# the client's own check would take 10 to 20 s.
+HEARD_AGAIN_S = 8.0
 
 
 @pytest.fixture
@@ -87,6 +90,30 @@ async def test_a_deleted_liveness_bucket_is_made_again_and_the_workers_seen_agai
                 await eventually(lambda: view.state("beta") == "ready", "the new one", WAIT_S)
             await js.key_value(config.workers_bucket)  # made again
             assert view.state("alpha") == "ready"  # the silence was the bucket's, not w1's
+        finally:
+            await nc.close()
+
+
+async def test_a_watcher_whose_consumer_is_lost_hears_the_workers_again_promptly(
+    nats_server: NatsServer, config: JetStreamConfig
+) -> None:
+    """A clustered server that led the liveness bucket takes the gateway's watch consumer
+    with it, while the bucket lives on in the other servers. The gateway must notice that
+    the bucket holds word its watcher never delivered, not wait out the client's own
+    heartbeat check (two 5 s heartbeats, and one try to make the consumer again)."""
+    async with fleet(nats_server.url, config) as (_, _, view):
+        nc = await nats.connect(nats_server.url)
+        try:
+            stream = f"KV_{config.workers_bucket}"
+            for consumer in await nc.jsm().consumers_info(stream):
+                await nc.jsm().delete_consumer(stream, consumer.name)
+            later = WorkerLiveness(
+                url=nats_server.url, worker_id="w2", models=["beta"], states=States(),
+                config=config, interval_s=0.2,
+            )  # fmt: skip
+            async with later:
+                await eventually(lambda: view.state("beta") == "ready", "w2 heard", HEARD_AGAIN_S)
+            assert view.state("alpha") == "ready"
         finally:
             await nc.close()
 
