@@ -52,7 +52,7 @@ from bench.cluster.router import POLICIES
 from bench.cluster.scale_load import HOSTED_PER_WORKER, WORKLOADS, build, cluster_rate, models_of
 from bench.cluster.scale_report import TARGET_UNITS, beside_simulated, plot, summarize, tables
 from bench.cluster.scale_runs import Cluster, Mode, measure_workload
-from bench.cluster.scale_search import HIGH
+from bench.cluster.scale_search import HIGH, LOW
 from bench.cluster.scale_stacks import (
     PULL_STACKS,
     Devices,
@@ -184,7 +184,7 @@ def workload_info(
         "shift_s": args.shift_s if name == "manymodels" else None,
         "burst_s": BURST_OF_TARGET * target_ms / 1e3 if name == "bursty" else None,
         # Enough requests for the highest load the bisection can try, bursts included.
-        "n_requests": math.ceil(1.2 * HIGH * full * (args.duration_s + 1)) + 100,
+        "n_requests": math.ceil(1.2 * args.loads[1] * full * (args.duration_s + 1)) + 100,
     }
 
 
@@ -273,6 +273,16 @@ def _floats(value: str) -> list[float]:
     return values
 
 
+def _bracket(value: str) -> tuple[float, float]:
+    try:
+        low, high = (float(v) for v in value.split("-"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("give LOW-HIGH, like 0.1-0.5") from None
+    if not 0 < low < high:
+        raise argparse.ArgumentTypeError("need 0 < LOW < HIGH")
+    return low, high
+
+
 def _names(allowed: Sequence[str]) -> Any:
     def parse(value: str) -> list[str]:
         names = [v.strip() for v in value.split(",") if v.strip()]
@@ -354,6 +364,14 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration-s", type=float, default=60.0, help="per run (60)")
     p.add_argument("--seeds", type=int, default=3, help="request sequences per load (3)")
     p.add_argument("--steps", type=int, default=5, help="bisection steps per mode (5)")
+    p.add_argument(
+        "--loads",
+        type=_bracket,
+        default=(LOW, HIGH),
+        metavar="LOW-HIGH",
+        help=f"the offered loads the bisection searches, fractions of capacity ({LOW}-{HIGH}); "
+        "its resolution is (HIGH - LOW) / 2**steps, the same for every mode",
+    )
     p.add_argument(
         "--shift-s",
         type=float,

@@ -133,7 +133,7 @@ async def search(
     requests: list[Requests],
 ) -> dict[str, Bisection]:
     """Every mode's bisection at ``k`` entry points, the modes interleaved run by run."""
-    searches = {m.name: Bisection() for m in modes}
+    searches = {m.name: Bisection(*cluster.args.loads) for m in modes}
     turn = 0
     for step in range(cluster.args.steps):
         for seeded in requests:

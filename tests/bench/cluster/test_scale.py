@@ -228,6 +228,15 @@ def test_the_bisection_halves_toward_the_highest_load_that_met() -> None:
         Bisection(1.0, 0.5)
 
 
+def test_the_bisection_searches_the_bracket_asked_for() -> None:
+    assert parse_args([]).loads == (0.1, 1.5)
+    narrow = parse_args(["--loads", "0.1-0.5"]).loads
+    assert narrow == (0.1, 0.5) and Bisection(*narrow).load == pytest.approx(0.3)
+    for wrong in ("0.5-0.1", "0-0.5", "0.5", "a-b"):
+        with pytest.raises(SystemExit):
+            parse_args(["--loads", wrong])
+
+
 def test_a_load_meets_the_target_on_the_median_p99_and_pooled_errors() -> None:
     def at(p99: float, ok: int = 100) -> dict[str, Any]:
         return {"sent": 100, "ok": ok, "latency_ms": {"p99": p99}}
