@@ -2,7 +2,8 @@
 
 Per workload, per K (entry points: gateways for pull, routers for push) and mode: the
 highest offered load whose runs met the p99 target with at most ``MAX_ERROR_SHARE``
-errors (``scale_search.meets_target``: the median p99 over the seeds, the errors pooled),
+errors (``scale_search.meets_target``: each latency class's median p99 over the seeds
+within its own deadline, the errors pooled),
 the tokens/s served there (the mean over the seeds), every worker's device busy fraction
 there, and pull/push against each push policy and the best one. The host path's CPU
 (client, routers, gateways, broker) is checked against half the machine's cores in every
@@ -18,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.cluster.scale_search import MAX_ERROR_SHARE, highest_met
+from bench.cluster.scale_search import MAX_ERROR_SHARE, class_p99s, highest_met
 
 __all__ = ["MAX_ERROR_SHARE", "beside_simulated", "plot", "summarize", "tables"]
 
@@ -54,13 +55,15 @@ def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def mode_at_target(runs: Sequence[dict[str, Any]], target: float) -> dict[str, Any]:
+def mode_at_target(
+    runs: Sequence[dict[str, Any]], target: float, of_target: Mapping[str, float]
+) -> dict[str, Any]:
     """One mode's runs (every load and seed): its highest load within the target and
     what it served there, averaged over the seeds."""
     by_load: dict[float, list[dict[str, Any]]] = {}
     for r in runs:
         by_load.setdefault(r["load"], []).append(r)
-    best = highest_met(by_load, target)
+    best = highest_met(by_load, target, of_target)
     at = by_load.get(best, []) if best is not None else []
     workers = len(at[0]["busy"]) if at else 0
     busy = [_mean([r["busy"][w] for r in at]) or 0.0 for w in range(workers)]
@@ -68,6 +71,9 @@ def mode_at_target(runs: Sequence[dict[str, Any]], target: float) -> dict[str, A
         "load": best,
         "tokens_per_s_at_target": _mean([r["tokens_per_s"] for r in at]) or 0.0,
         "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in at) if at else None,
+        "p99_ms_by_class": {
+            c: statistics.median(p99s) if (p99s := class_p99s(at, c)) else None for c in of_target
+        },
         "busy": busy,
         "busy_mean": _mean(busy),
         "busy_min": min(busy) if busy else None,
@@ -90,6 +96,7 @@ def _ratios(modes: dict[str, Any]) -> tuple[dict[str, float | None], float | Non
 
 def summarize(data: dict[str, Any], p99_ms: float | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    of_target = {c["name"]: float(c["of_target"]) for c in data["latency_classes"]}
     for workload in data["workloads"]:
         target = target_ms(data, workload, p99_ms)
         runs = [r for r in data["runs"] if r["workload"] == workload]
@@ -97,7 +104,7 @@ def summarize(data: dict[str, Any], p99_ms: float | None = None) -> dict[str, An
         for k in sorted({r.get("gateways", 1) for r in runs}):
             at_k = [r for r in runs if r.get("gateways", 1) == k]
             modes = {
-                m: mode_at_target([r for r in at_k if r["mode"] == m], target)
+                m: mode_at_target([r for r in at_k if r["mode"] == m], target, of_target)
                 for m in dict.fromkeys(r["mode"] for r in at_k)
             }
             ratios, over_best = _ratios(modes)

@@ -27,6 +27,7 @@ from bench.cluster.scale_load import Requests, open_loop
 from bench.cluster.scale_report import line
 from bench.cluster.scale_search import Bisection, meets_target
 from bench.cluster.scale_stacks import Devices, Side, wait_gateway, wait_routers, wait_workers
+from bench.cluster.scale_traffic import OF_TARGET
 
 WARM_S = 0.5  # a short load before each run: connections open, queues primed
 
@@ -149,7 +150,7 @@ async def search(
                 for r in cluster.runs
                 if r["mode"] == mode.name and r["gateways"] == k and r["step"] == step
             ]
-            searches[mode.name].record(meets_target(at_step, cluster.target_ms))
+            searches[mode.name].record(meets_target(at_step, cluster.target_ms, OF_TARGET))
     return searches
 
 

@@ -33,13 +33,14 @@ class LatencyClass:
     of_target: float  # its deadline, in p99 targets
 
 
-# An interactive request's deadline is the target itself: a run that meets the target
-# sees at most ~1% of them time out, so the error criterion and the p99 agree.
+# A class's deadline is its p99 target too (scale_search.meets_target): a run that meets
+# it sees at most ~1% of the class time out, so the error criterion and the p99 agree.
 LATENCY_CLASSES = (
     LatencyClass("interactive", 0.5, 1.0),
     LatencyClass("standard", 0.3, 2.0),
     LatencyClass("batch", 0.2, 4.0),
 )
+OF_TARGET = {c.name: c.of_target for c in LATENCY_CLASSES}
 ZIPF_S = 1.0  # popularity of the rank-r model ~ 1 / r**ZIPF_S
 ROTATE_STEP = 5  # coprime with 16: every model takes each rank in turn
 BURST_FACTOR = 6.0  # a burst's rate, in mean rates (5-10x)

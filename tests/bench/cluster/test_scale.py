@@ -237,15 +237,27 @@ def test_the_bisection_searches_the_bracket_asked_for() -> None:
             parse_args(["--loads", wrong])
 
 
-def test_a_load_meets_the_target_on_the_median_p99_and_pooled_errors() -> None:
-    def at(p99: float, ok: int = 100) -> dict[str, Any]:
-        return {"sent": 100, "ok": ok, "latency_ms": {"p99": p99}}
+OF_TARGET = {"interactive": 1.0, "batch": 4.0}
+CLASSES = [{"name": n, "share": 0.5, "of_target": t} for n, t in OF_TARGET.items()]
 
-    assert meets_target([at(900), at(1100), at(950)], 1000)  # one slow seed of three
-    assert not meets_target([at(900), at(1100), at(1050)], 1000)
-    assert not meets_target([at(500, ok=98)], 1000)  # 2% errors (504s count)
-    assert meets_target([at(500, ok=99), at(500)], 1000)
-    assert not meets_target([], 1000)
+
+def test_a_load_meets_the_target_on_each_class_median_p99_and_pooled_errors() -> None:
+    def at(p99: float, batch: float | None = None, ok: int = 100) -> dict[str, Any]:
+        by_class = {"interactive": p99, "batch": p99 if batch is None else batch}
+        return {"sent": 100, "ok": ok, "latency_ms": {"p99": p99}, "p99_ms_by_class": by_class}
+
+    def met(*runs: dict[str, Any]) -> bool:
+        return meets_target(runs, 1000, OF_TARGET)
+
+    assert met(at(900), at(1100), at(950))  # one slow seed of three
+    assert not met(at(900), at(1100), at(1050))
+    assert met(at(900, batch=3500))  # batch work deferred within its own deadline
+    assert not met(at(900, batch=4500), at(900, batch=4100))
+    no_batch = at(900) | {"p99_ms_by_class": {"interactive": 900, "batch": None}}
+    assert met(no_batch)  # no batch request answered: its failures count as errors
+    assert not met(at(500, ok=98))  # 2% errors (504s count)
+    assert met(at(500, ok=99), at(500))
+    assert not met()
 
 
 def test_modes_take_turns_leading() -> None:
@@ -269,6 +281,7 @@ def _run(
     return {
         "workload": workload, "mode": mode, "load": load, "tokens_per_s": tps, "sent": 100,
         "ok": 100, "error_share": 0.0, "latency_ms": {"p99": p99}, "busy": [0.5, 0.7],
+        "p99_ms_by_class": {"interactive": p99, "batch": p99},
         "cores": {"client": 0.2, "router": 0.1, "workers": 0.5}, "gateways": k, "seed": seed,
     }  # fmt: skip
 
@@ -276,6 +289,7 @@ def _run(
 def test_the_summary_takes_the_highest_load_within_the_target_per_k_and_the_ratios() -> None:
     data = {
         "device": {"scale": 10.0, "label": "cpu"},
+        "latency_classes": CLASSES,
         "workloads": {"small": {"single_request_s": 0.1}},
         "runs": [
             _run("small", "pull (jetstream)", 0.5, 1000, 300),
@@ -313,6 +327,7 @@ def test_the_summary_takes_the_highest_load_within_the_target_per_k_and_the_rati
 def test_the_chart_is_drawn_per_workload_and_k(tmp_path: Path) -> None:
     data: dict[str, Any] = {
         "device": {"scale": 1.0, "label": "cpu"},
+        "latency_classes": CLASSES,
         "workloads": {"small": {"single_request_s": 0.1}},
         "runs": [
             _run("small", "pull (jetstream)", 0.5, 1000, 300),
@@ -331,6 +346,7 @@ def test_a_saved_run_is_summarized_again_beside_the_simulation(
 
     saved = {
         "device": {"scale": 1.0, "label": "cpu"},
+        "latency_classes": CLASSES,
         "workloads": {"hetero": {"single_request_s": 0.1, "p99_target_ms": 1000.0}},
         "runs": [_run("hetero", "pull (jetstream)", 0.8, 1000, 800, k=4)],
     }
