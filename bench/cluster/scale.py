@@ -61,7 +61,7 @@ from bench.cluster.scale_stacks import (
     start_push,
     start_routers,
 )
-from bench.cluster.scale_traffic import BURST_OF_TARGET, LATENCY_CLASSES
+from bench.cluster.scale_traffic import BURST_OF_TARGET, LATENCY_CLASSES, lane_bounds_ms
 
 DEFAULT_WORKERS = {"gpu-fixed": 8, "cpu": 16, "gpu-like": 16}
 N_PROBE = 2000  # requests of the probe workload that sizes the scale
@@ -114,6 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     target_ms = args.p99_ms or default_target_ms(cost, sum(probe.tokens) / len(probe.tokens))
     longest_s = max(c.of_target for c in LATENCY_CLASSES) * target_ms / 1e3
     args.request_timeout_s = max(args.request_timeout_s, 1.5 * longest_s)
+    args.lanes_ms = lane_bounds_ms(target_ms) if args.lanes == "deadline" else []
     out_dir = args.out_dir or report.results_dir()
     logs = out_dir / f"{args.out}-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -395,6 +396,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     _add_device_args(p)
     _add_run_args(p)
     p.add_argument("--pull", choices=sorted(PULL_STACKS), default="jetstream")
+    p.add_argument(
+        "--lanes",
+        choices=["deadline", "none"],
+        default="deadline",
+        help="pull's queues: 'deadline' splits each model's into a lane per latency class "
+        "(--nats-deadline-lanes-ms between their deadlines); 'none' keeps one per model, "
+        "in arrival order (deadline)",
+    )
     p.add_argument("--nats", default=None, help="an existing nats-server; else one is started")
     p.add_argument("--seed", type=int, default=20261129)
     p.add_argument(

@@ -233,6 +233,8 @@ class JetStreamStack:
             "--nats-storage",
             "memory",  # the comparison is of queues, not of disks
         ]
+        if args.lanes_ms:
+            nats += ["--nats-deadline-lanes-ms", ",".join(map(str, args.lanes_ms))]
         fleet = fleet_file(
             spec,
             list(devices.models),

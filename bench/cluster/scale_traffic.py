@@ -17,6 +17,8 @@ load and in every mode, so that modes differ only in how they serve them).
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,11 +43,19 @@ LATENCY_CLASSES = (
     LatencyClass("batch", 0.2, 4.0),
 )
 OF_TARGET = {c.name: c.of_target for c in LATENCY_CLASSES}
+
 ZIPF_S = 1.0  # popularity of the rank-r model ~ 1 / r**ZIPF_S
 ROTATE_STEP = 5  # coprime with 16: every model takes each rank in turn
 BURST_FACTOR = 6.0  # a burst's rate, in mean rates (5-10x)
 QUIET_SHARE = 0.2  # the quiet periods' rate, in mean rates
 BURST_OF_TARGET = 0.25  # a burst's length, in p99 targets: shorter than the budget
+
+
+def lane_bounds_ms(target_ms: float) -> list[int]:
+    """Deadline lanes for pull's queue, one per latency class: each bound halfway (by
+    ratio) between two classes' deadlines, so a class's requests share a lane."""
+    deadlines = sorted(c.of_target * target_ms for c in LATENCY_CLASSES)
+    return [round(math.sqrt(a * b)) for a, b in itertools.pairwise(deadlines)]
 
 
 def latency_classes(

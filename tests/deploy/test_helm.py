@@ -253,11 +253,14 @@ def test_each_group_scales_on_the_consumers_its_workers_create(
         models = list(rendered.fleet_file(deployment, str(settings.fleet)).models)
         scaler = scaled[deployment["metadata"]["name"]]
         triggers = scaler["spec"]["triggers"]
-        assert [t["type"] for t in triggers] == ["nats-jetstream"] * len(models)
-        assert [t["metadata"]["consumer"] for t in triggers] == [queue.consumer(m) for m in models]
+        lanes = [lane for m in models for lane in queue.lanes(m)]
+        assert [t["type"] for t in triggers] == ["nats-jetstream"] * len(lanes)
+        assert [t["metadata"]["consumer"] for t in triggers] == list(
+            map(queue.lane_consumer, lanes)
+        )
         assert {t["metadata"]["stream"] for t in triggers} == {queue.stream}
         subjects = scaler["metadata"]["annotations"]["flotilla/subjects"].split(",")
-        assert subjects == [queue.subject(m) for m in models]
+        assert subjects == list(map(queue.lane_subject, lanes))
 
 
 def test_autoscaled_deployments_leave_the_count_to_their_scaler(rendered: Rendered) -> None:
@@ -291,8 +294,9 @@ def keda_lag(monitoring: str, trigger: dict[str, str]) -> int | None:
 async def test_keda_counts_on_each_trigger_the_requests_for_its_model(helm: Path) -> None:
     """A group's workers, configured as the chart configures them, against a real
     nats-server: once they started (their consumers made), a request the gateway queued
-    for the group's second model is what KEDA finds on that model's trigger, and nothing on
-    the first; the worker's own count of waiting requests agrees."""
+    for the group's second model is what KEDA finds on the trigger of that model's lane
+    for the request's deadline, and nothing on the others; the worker's own count of
+    waiting requests agrees."""
     rendered = Rendered(render(helm, "-f", str(GROUPS_VALUES)))
     deployment = rendered.named("Deployment", "flotilla-worker-encoders")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -315,7 +319,10 @@ async def test_keda_counts_on_each_trigger_the_requests_for_its_model(helm: Path
             await submitter.put(job)
             assert await puller.waiting(models) == {models[0]: 0, models[1]: 1}
             seen = [keda_lag(monitoring, t["metadata"]) for t in triggers]
-    assert seen == [0, 1]
+    lane = settings.jetstream.lane_of(job.model, job.deadline - job.enqueued_at)
+    wanted = settings.jetstream.lane_consumer(lane)
+    assert seen == [int(t["metadata"]["consumer"] == wanted) for t in triggers]
+    assert sum(seen) == 1 and len(triggers) == 2 * len(settings.jetstream.lanes(models[0]))
 
 
 def test_the_default_groups_keep_a_warm_floor(helm: Path) -> None:

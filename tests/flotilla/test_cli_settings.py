@@ -269,6 +269,8 @@ def values(name: str, cls: type[Settings], tmp: Path) -> tuple[list[str], str, A
         return [f"--no-{flag(name)[2:]}"], "true", False  # a false flag over a true variable
     if typing.get_origin(annotation) is Literal:
         return [flag(name), args[-1]], args[0], args[-1]
+    if typing.get_origin(annotation) is tuple and args[0] is int:  # rising bounds
+        return [flag(name), "7,9"], "5", (7, 9)
     if annotation is int or int in args:
         return [flag(name), "7"], "5", 7
     if annotation is float:

@@ -6,11 +6,22 @@ without loading the client in a process that never uses it."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 CONSUMER_PREFIX = "workers"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Lane:
+    """One model's queue of the requests whose time budget falls in one band of
+    ``deadline_lanes_ms``: index 0 the most urgent. The last lane is the model's own
+    subject and consumer (the only one without lanes)."""
+
+    model: str
+    index: int
 
 
 class JetStreamConfig(BaseModel):
@@ -112,6 +123,16 @@ class JetStreamConfig(BaseModel):
         description="Largest request flotilla publishes (413 above), also the streams' message "
         "limit; the server's max_payload (1 MB unless configured) caps requests and replies.",
     )
+    deadline_lanes_ms: tuple[int, ...] = Field(
+        default=(),
+        validation_alias="nats_deadline_lanes_ms",
+        description="Bounds (ms, rising) that split each model's queue by the request's time "
+        "budget (its x-request-timeout-ms, or --request-timeout-s): a request within the "
+        "first bound goes to the most urgent lane, and so on; workers take from the most "
+        "urgent lane first, so a request that must be answered soon passes those that can "
+        "wait, across every worker. Empty: one queue per model, in arrival order. Gateways "
+        "and workers must be given the same bounds.",
+    )
     replicas: int = Field(
         default=1,
         ge=1,
@@ -119,6 +140,42 @@ class JetStreamConfig(BaseModel):
         description="Copies of each stream in a NATS cluster (at most 5): 3 survives a "
         "server loss, at the cost of a replicated write per request; 1 on a single server.",
     )
+
+    @field_validator("deadline_lanes_ms", mode="before")
+    @classmethod
+    def _bounds(cls, value: object) -> object:
+        if isinstance(value, str):  # an environment variable or flag: "2000,8000"
+            value = tuple(v.strip() for v in value.split(",") if v.strip())
+        return value
+
+    @field_validator("deadline_lanes_ms")
+    @classmethod
+    def _rising(cls, bounds: tuple[int, ...]) -> tuple[int, ...]:
+        if any(b <= 0 for b in bounds) or list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"give positive bounds in ms, rising, like 2000,8000: got {bounds}")
+        return bounds
+
+    def lanes(self, model: str) -> list[Lane]:
+        """The model's lanes, the most urgent first."""
+        return [Lane(model, i) for i in range(len(self.deadline_lanes_ms) + 1)]
+
+    def lane_of(self, model: str, budget_s: float) -> Lane:
+        """The lane of a request of ``model`` with ``budget_s`` to be answered in."""
+        bounds = self.deadline_lanes_ms
+        index = next((i for i, b in enumerate(bounds) if budget_s * 1e3 <= b), len(bounds))
+        return Lane(model, index)
+
+    def lane_subject(self, lane: Lane) -> str:
+        # A model is one subject token: ``<prefix>.<model>`` never matches a lane's.
+        return self.subject(lane.model) + self._lane_suffix(lane, ".")
+
+    def lane_consumer(self, lane: Lane) -> str:
+        # ``_`` is followed by two upper-case hex digits in a token, never by ``d``.
+        return self.consumer(lane.model) + self._lane_suffix(lane, "_")
+
+    def _lane_suffix(self, lane: Lane, separator: str) -> str:
+        last = lane.index == len(self.deadline_lanes_ms)
+        return "" if last else f"{separator}d{lane.index}"
 
     @property
     def dead_stream(self) -> str:

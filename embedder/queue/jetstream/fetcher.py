@@ -1,15 +1,18 @@
 """How a worker reads the JetStream work queue (``puller`` holds and answers what it
-reads): one pull subscription per model, bound to the durable consumer all that
+reads): one pull subscription per lane of each model (``JetStreamConfig.lanes``: one
+lane per model unless deadline lanes are set), bound to the durable consumer all that
 model's workers share, and the fetches that bring no more than a pull can take.
 
-A worker hosting several models fetches from one: the one with the most requests
-waiting (the server's count, read from each fetched message's ``num_pending`` or, when
-that is older than ``DEPTH_FRESH_S``, from the consumer's info, every stale model in
-one concurrent round trip), the earliest deadline among equals. Only when none has
-any waiting does a pull wait on all of them at once, one short fetch each. A fetch
-such a wait leaves open on the server may still bring a request after the pull has
-returned: that one goes back at once (``nak`` without delay), so a busy worker holds
-nothing it is not running while other workers ask for work."""
+A worker with several lanes to read fetches from one: the most urgent lane with
+requests waiting, and among those the one with the most (the server's count, read from
+each fetched message's ``num_pending`` or, when that is older than ``DEPTH_FRESH_S``,
+from the consumer's info, every stale lane in one concurrent round trip), the earliest
+deadline among equals. A batch not filled by its lane is topped up from the same model's
+next lanes. Only when none has any waiting does a pull wait on all of them at once, one
+short fetch each. A fetch such a wait leaves open on the server may still bring a
+request after the pull has returned: that one goes back at once (``nak`` without
+delay), so a busy worker holds nothing it is not running while other workers ask for
+work."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from prometheus_client import Counter as MetricCounter
 
-from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.config import JetStreamConfig, Lane
 from embedder.queue.jetstream.connection import Connection, Sparse, missing
 from embedder.queue.jetstream.streams import ensure_consumer
 
@@ -54,8 +57,8 @@ BACKLOG_S = 0.005
 # as they come, so this bounds only a busy machine's delivery, or a race with another
 # worker for them (after which the pull waits on every model).
 PENDING_WAIT_S = 0.05
-# How long a model's depth as last seen stands for the present. Under load a worker
-# pulls every few milliseconds: the fetched model's depth comes free with its messages,
+# How long a lane's depth as last seen stands for the present. Under load a worker
+# pulls every few milliseconds: the fetched lane's depth comes free with its messages,
 # the others' cost one round trip (together) when older than this.
 DEPTH_FRESH_S = 0.03
 # The longest one fetch of an idle wait stays open on the server (a longer pull opens
@@ -68,7 +71,7 @@ Subscription = JetStreamContext.PullSubscription
 
 @dataclass(frozen=True, slots=True)
 class Depth:
-    """One model's queue as this worker last saw it: the requests waiting (not yet
+    """One lane's queue as this worker last saw it: the requests waiting (not yet
     delivered to any worker; a handed-back one is not counted), when (monotonic
     seconds), the deadline of the last one fetched (the nearest sign of how urgent the
     queue's head is), and when this worker last took requests of it."""
@@ -79,17 +82,18 @@ class Depth:
     served_at: float = -math.inf
 
 
-def deepest(depths: Mapping[str, Depth], now: float) -> str | None:
-    """The model to fetch from: the most waiting work, counted as requests waiting times
-    how long since this worker last served the model, so that a shallow queue's turn
-    comes too (by depth alone a worker would starve it while another stays deeper); then
-    the most requests, then the earliest head deadline. None when no model has any."""
+def deepest(depths: Mapping[Lane, Depth], now: float) -> Lane | None:
+    """The lane to fetch from: the most urgent lane with requests waiting; among those,
+    the most waiting work, counted as requests waiting times how long since this worker
+    last served the lane, so that a shallow queue's turn comes too (by depth alone a
+    worker would starve it while another stays deeper); then the most requests, then the
+    earliest head deadline. None when no lane has any."""
     ranked = [
-        (d.waiting * (now - d.served_at), d.waiting, -d.head_deadline, m)
-        for m, d in depths.items()
+        (-lane.index, d.waiting * (now - d.served_at), d.waiting, -d.head_deadline, lane)
+        for lane, d in depths.items()
         if d.waiting > 0
     ]
-    return max(ranked)[3] if ranked else None
+    return max(ranked)[-1] if ranked else None
 
 
 class Fetcher:
@@ -100,24 +104,25 @@ class Fetcher:
         self._link = link
         self.config = config
         self._failures = Sparse(log)
-        self._subs: dict[str, Subscription] = {}
-        self._depths: dict[str, Depth] = {}
-        # An idle wait's fetches, per model; each ends by its own timeout.
-        self._fetching: dict[str, asyncio.Future[list[Msg]]] = {}
+        self._subs: dict[Lane, Subscription] = {}
+        self._depths: dict[Lane, Depth] = {}
+        # An idle wait's fetches, per lane; each ends by its own timeout.
+        self._fetching: dict[Lane, asyncio.Future[list[Msg]]] = {}
         self._pulling = False  # what an open fetch brings now is this pull's
         self._closing = False  # what an open fetch brings now is handed back by close()
         # Brought between pulls on their last delivery (handing them on would
         # dead-letter them): the next pull takes them.
         self._kept: list[Msg] = []
         self._handing: set[asyncio.Future[None]] = set()
-        self._counted: set[str] = set()  # models whose consumer ``waiting`` has made
+        self._counted: set[Lane] = set()  # lanes whose consumer ``waiting`` has made
 
     async def fetch(self, models: Collection[str], batch: int, timeout_s: float) -> list[Msg]:
         """Up to ``batch`` messages: what an earlier wait's fetches brought; else the
-        deepest model's waiting requests; else the first of any model's to come within
-        ``timeout_s``."""
+        most urgent, deepest lane's waiting requests; else the first of any lane's to
+        come within ``timeout_s``."""
         started = time.monotonic()
-        subs = {model: await self._subscription(model) for model in models}
+        lanes = [lane for model in models for lane in self.config.lanes(model)]
+        subs = {lane: await self._subscription(lane) for lane in lanes}
         found: list[Msg] = []
         self._pulling = True
         try:
@@ -133,10 +138,10 @@ class Fetcher:
             self._hand_on(self._collect())  # only after a failure: found none of it
         return found
 
-    def saw_deadline(self, model: str, deadline: float) -> None:
-        """The deadline of a request just fetched for ``model``: near its queue's head."""
-        if (depth := self._depths.get(model)) is not None:
-            self._depths[model] = replace(depth, head_deadline=deadline)
+    def saw_deadline(self, lane: Lane, deadline: float) -> None:
+        """The deadline of a request just fetched from ``lane``: near its queue's head."""
+        if (depth := self._depths.get(lane)) is not None:
+            self._depths[lane] = replace(depth, head_deadline=deadline)
 
     async def close(self) -> None:
         """Wait for the fetches still open (each ends by its own short timeout) and hand
@@ -150,121 +155,135 @@ class Fetcher:
             await asyncio.gather(*self._handing)
 
     async def ensure_consumers(self) -> None:
-        """The consumers of the models fetched so far, made again where the server lost
+        """The consumers of the lanes fetched so far, made again where the server lost
         them; their subscriptions go on as they are (a fetch names the consumer)."""
-        for model in list(self._subs):
-            await ensure_consumer(self._link.js, self.config, model)
+        for lane in list(self._subs):
+            await ensure_consumer(self._link.js, self.config, lane)
 
-    async def _subscription(self, model: str) -> Subscription:
-        sub = self._subs.get(model)
+    async def _subscription(self, lane: Lane) -> Subscription:
+        sub = self._subs.get(lane)
         if sub is None:
             js = self._link.js
-            durable = await ensure_consumer(js, self.config, model)
+            durable = await ensure_consumer(js, self.config, lane)
             sub = await js.pull_subscribe_bind(durable=durable, stream=self.config.stream)
-            self._subs[model] = sub
+            self._subs[lane] = sub
         return sub
 
     async def waiting(self, models: Collection[str]) -> dict[str, int]:
-        """The requests of each model not yet answered, by the server's count: waiting,
-        in some worker's hand, or handed back (a request a worker caught for a model it
-        had just evicted goes back to wait for redelivery, which ``num_pending`` does
-        not count). For models fetched or not: their consumers are made here, so that
-        the count exists before any worker hosts the model. A model the server does not
-        answer for is left out."""
+        """The requests of each model not yet answered, by the server's count over its
+        lanes: waiting, in some worker's hand, or handed back (a request a worker caught
+        for a model it had just evicted goes back to wait for redelivery, which
+        ``num_pending`` does not count). For models fetched or not: their consumers are
+        made here, so that the count exists before any worker hosts the model. A lane the
+        server does not answer for is not counted; a model with no lane counted is left
+        out."""
         js = self._link.js
-        for model in models:
-            if model not in self._counted and model not in self._subs:
-                await ensure_consumer(js, self.config, model)
-                self._counted.add(model)
-        asked = list(models)
+        lanes = [lane for model in models for lane in self.config.lanes(model)]
+        for lane in lanes:
+            if lane not in self._counted and lane not in self._subs:
+                await ensure_consumer(js, self.config, lane)
+                self._counted.add(lane)
         infos = await asyncio.gather(
             *(
-                js.consumer_info(self.config.stream, self.config.consumer(m), timeout=IDLE_FETCH_S)
-                for m in asked
+                js.consumer_info(
+                    self.config.stream, self.config.lane_consumer(lane), timeout=IDLE_FETCH_S
+                )
+                for lane in lanes
             ),
             return_exceptions=True,
         )
         counts: dict[str, int] = {}
-        for model, info in zip(asked, infos, strict=True):
+        for lane, info in zip(lanes, infos, strict=True):
             if isinstance(info, BaseException):
                 if missing(info):
-                    self._counted.discard(model)  # made again at the next look
+                    self._counted.discard(lane)  # made again at the next look
                 continue
-            counts[model] = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            count = (info.num_pending or 0) + (info.num_ack_pending or 0)
+            counts[lane.model] = counts.get(lane.model, 0) + count
         return counts
 
-    # -- choosing by depth -------------------------------------------------------------
+    # -- choosing by urgency and depth -------------------------------------------------
 
-    async def _fetch_deepest(self, subs: dict[str, Subscription], batch: int) -> list[Msg]:
-        """One fetch, from the model with the most requests waiting, so that no fetch is
-        left open behind the pull; none when no model has any (or a wait's fetch is
-        still open on the deepest: the wait collects it)."""
+    async def _fetch_deepest(self, subs: dict[Lane, Subscription], batch: int) -> list[Msg]:
+        """One fetch, from the most urgent lane with requests waiting (the deepest among
+        equals), so that no fetch is left open behind the pull, topped up from the same
+        model's next lanes while the batch has room; none when no lane has any (or a
+        wait's fetch is still open on the chosen one: the wait collects it)."""
         now = time.monotonic()
-        await self._refresh_depths([m for m in subs if self._stale(m, now)])
-        model = deepest({m: self._depths[m] for m in subs if m in self._depths}, now)
-        if model is None or model in self._fetching:
+        await self._refresh_depths([lane for lane in subs if self._stale(lane, now)])
+        lane = deepest({q: self._depths[q] for q in subs if q in self._depths}, now)
+        if lane is None or lane in self._fetching:
             return []
-        return await self._fetch_one(model, subs[model], batch, PENDING_WAIT_S)
+        found = await self._fetch_one(lane, subs[lane], batch, PENDING_WAIT_S)
+        for later in self.config.lanes(lane.model)[lane.index + 1 :]:
+            if len(found) >= batch or not found:
+                break
+            depth = self._depths.get(later)
+            if later in subs and later not in self._fetching and depth and depth.waiting:
+                found += await self._fetch_one(
+                    later, subs[later], batch - len(found), PENDING_WAIT_S
+                )
+        return found
 
-    def _stale(self, model: str, now: float) -> bool:
-        """Whether the model's depth must be asked: unknown, old, or none waiting at the
-        last look (that changes without a fetch to tell). A model with a wait's fetch
+    def _stale(self, lane: Lane, now: float) -> bool:
+        """Whether the lane's depth must be asked: unknown, old, or none waiting at the
+        last look (that changes without a fetch to tell). A lane with a wait's fetch
         open needs no asking: that fetch takes the first request to come."""
-        if model in self._fetching:
+        if lane in self._fetching:
             return False
-        depth = self._depths.get(model)
+        depth = self._depths.get(lane)
         return depth is None or depth.waiting == 0 or now - depth.seen_at > DEPTH_FRESH_S
 
-    async def _refresh_depths(self, models: list[str]) -> None:
+    async def _refresh_depths(self, lanes: list[Lane]) -> None:
         """The consumers' counts of waiting requests, asked together (one round trip)."""
-        if not models:
+        if not lanes:
             return
         infos = await asyncio.gather(
             *(
                 self._link.js.consumer_info(
-                    self.config.stream, self.config.consumer(m), timeout=IDLE_FETCH_S
+                    self.config.stream, self.config.lane_consumer(lane), timeout=IDLE_FETCH_S
                 )
-                for m in models
+                for lane in lanes
             ),
             return_exceptions=True,
         )
         now = time.monotonic()
-        for model, info in zip(models, infos, strict=True):
+        for lane, info in zip(lanes, infos, strict=True):
             if isinstance(info, BaseException):  # unknown: the wait on all reaches it
-                log.debug("the depth of %s is unknown: %r", model, info)
-                self._depths.pop(model, None)
+                log.debug("the depth of %s is unknown: %r", lane, info)
+                self._depths.pop(lane, None)
                 if missing(info):
                     self._link.renew()
             else:
-                self._see(model, info.num_pending or 0, now)
+                self._see(lane, info.num_pending or 0, now)
 
-    def _see(self, model: str, waiting: int, now: float, *, served: bool = False) -> None:
-        old = self._depths.get(model) or Depth(waiting, now)
-        self._depths[model] = replace(
+    def _see(self, lane: Lane, waiting: int, now: float, *, served: bool = False) -> None:
+        old = self._depths.get(lane) or Depth(waiting, now)
+        self._depths[lane] = replace(
             old, waiting=waiting, seen_at=now, served_at=now if served else old.served_at
         )
 
-    # -- waiting on every model --------------------------------------------------------
+    # -- waiting on every lane ---------------------------------------------------------
 
     async def _wait_on_all(
-        self, subs: dict[str, Subscription], batch: int, timeout_s: float
+        self, subs: dict[Lane, Subscription], batch: int, timeout_s: float
     ) -> list[Msg]:
-        """Every model at once, none waiting at the last look: the first fetch to bring
+        """Every lane at once, none waiting at the last look: the first fetch to bring
         something ends the wait. The others are left open, never cancelled (a cancelled
         fetch would leave what the server sends it in the subscription's inbox, unseen);
         each ends by its own short timeout, and what it brings after this pull returned
         is handed on (``_ended_unasked``)."""
         if len(subs) == 1 and not self._fetching:
-            [(model, sub)] = subs.items()
-            return await self._fetch_one(model, sub, batch, timeout_s)
+            [(lane, sub)] = subs.items()
+            return await self._fetch_one(lane, sub, batch, timeout_s)
         deadline = time.monotonic() + timeout_s
         while (remaining := deadline - time.monotonic()) > 0:
             each_s = min(remaining, IDLE_FETCH_S)
-            for model, sub in subs.items():
-                if model not in self._fetching:
-                    task = asyncio.ensure_future(self._fetch_one(model, sub, batch, each_s))
-                    task.add_done_callback(functools.partial(self._ended_unasked, model))
-                    self._fetching[model] = task
+            for lane, sub in subs.items():
+                if lane not in self._fetching:
+                    task = asyncio.ensure_future(self._fetch_one(lane, sub, batch, each_s))
+                    task.add_done_callback(functools.partial(self._ended_unasked, lane))
+                    self._fetching[lane] = task
             await asyncio.wait(
                 self._fetching.values(), timeout=each_s + 1.0, return_when=asyncio.FIRST_COMPLETED
             )
@@ -272,12 +291,12 @@ class Fetcher:
                 return found
         return []
 
-    def _ended_unasked(self, model: str, task: asyncio.Future[list[Msg]]) -> None:
+    def _ended_unasked(self, lane: Lane, task: asyncio.Future[list[Msg]]) -> None:
         """A wait's fetch brought requests while this worker is not pulling (it runs a
         batch): they go back at once, to a worker that is asking."""
-        if self._pulling or self._closing or self._fetching.get(model) is not task:
+        if self._pulling or self._closing or self._fetching.get(lane) is not task:
             return  # the pull, or close(), collects it
-        del self._fetching[model]
+        del self._fetching[lane]
         if not task.cancelled():
             self._hand_on(task.result())
 
@@ -298,9 +317,9 @@ class Fetcher:
     def _collect(self) -> list[Msg]:
         """The messages kept for a pull and those of the wait's fetches that ended."""
         found, self._kept = self._kept, []
-        for model, task in list(self._fetching.items()):
+        for lane, task in list(self._fetching.items()):
             if task.done():
-                del self._fetching[model]
+                del self._fetching[lane]
                 if not task.cancelled():
                     found.extend(task.result())
         return found
@@ -311,10 +330,10 @@ class Fetcher:
             with contextlib.suppress(NatsError):
                 await msg.nak()
 
-    # -- one model ---------------------------------------------------------------------
+    # -- one lane ----------------------------------------------------------------------
 
     async def _fetch_one(
-        self, model: str, sub: Subscription, batch: int, timeout_s: float
+        self, lane: Lane, sub: Subscription, batch: int, timeout_s: float
     ) -> list[Msg]:
         """The first message as soon as there is one, then up to the rest of ``batch``:
         those the server counts as waiting behind it, or, when none is counted but the
@@ -327,7 +346,7 @@ class Fetcher:
             asked = time.monotonic()
             first = await sub.fetch(1, timeout=max(timeout_s, 0.001))
             waiting = first[-1].metadata.num_pending or 0
-            self._see(model, waiting, time.monotonic(), served=True)
+            self._see(lane, waiting, time.monotonic(), served=True)
             if batch <= len(first) or not self._pulling:
                 return first
             if waiting > 0:  # counted by the server, so asked for whatever the wait took
@@ -340,14 +359,14 @@ class Fetcher:
                 more = await sub.fetch(rest, timeout=wait_s)
             except TimeoutError:
                 return first
-            self._see(model, more[-1].metadata.num_pending or 0, time.monotonic())
+            self._see(lane, more[-1].metadata.num_pending or 0, time.monotonic())
             return first + more
         except TimeoutError:
-            self._see(model, 0, time.monotonic())
+            self._see(lane, 0, time.monotonic())
             return []
         except NatsError as exc:
             if missing(exc):
                 self._link.renew()  # the server lost the consumer: made again meanwhile
-            self._failures.warning("fetching requests of %s failed: %r", model, exc)
+            self._failures.warning("fetching requests of %s failed: %r", lane, exc)
             await asyncio.sleep(timeout_s)
             return []

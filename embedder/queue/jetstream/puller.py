@@ -284,7 +284,8 @@ class JetStreamPuller(Lifecycle):
             return None
         self._held[job.id] = _Held(msg, reply_to, job.deadline)
         if self._fetcher is not None:
-            self._fetcher.saw_deadline(job.model, job.deadline)
+            lane = self.config.lane_of(job.model, job.deadline - job.enqueued_at)
+            self._fetcher.saw_deadline(lane, job.deadline)
         return job
 
     async def _hand_back_held(self) -> None:

@@ -20,7 +20,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.config import JetStreamConfig, Lane
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +81,15 @@ async def ensure_streams(js: JetStreamContext, config: JetStreamConfig) -> None:
     )
 
 
-async def ensure_consumer(js: JetStreamContext, config: JetStreamConfig, model: str) -> str:
-    """The durable pull consumer every worker of ``model`` shares; its name. Adding a
-    durable with the same settings again is a no-op on the server."""
-    name = config.consumer(model)
+async def ensure_consumer(js: JetStreamContext, config: JetStreamConfig, lane: Lane) -> str:
+    """The durable pull consumer every worker of the lane's model shares; its name. Adding
+    a durable with the same settings again is a no-op on the server."""
+    name = config.lane_consumer(lane)
     await js.add_consumer(
         config.stream,
         ConsumerConfig(
             durable_name=name,
-            filter_subject=config.subject(model),
+            filter_subject=config.lane_subject(lane),
             deliver_policy=DeliverPolicy.ALL,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=config.ack_wait_s,

@@ -118,7 +118,7 @@ class JetStreamSubmitter(Lifecycle):
         await asyncio.gather(
             *(
                 self._link.js.publish(
-                    self.config.subject(job.model),
+                    self._subject(job),
                     job.body,
                     timeout=min(self.config.publish_timeout_s, job.deadline - now),
                     headers={
@@ -129,6 +129,12 @@ class JetStreamSubmitter(Lifecycle):
                 for job in waiting
             )
         )
+
+    def _subject(self, job: Job) -> str:
+        """The job's lane of its model's queue, by the time it was given to be answered
+        in (not what is left of it: a job published again keeps its lane)."""
+        lane = self.config.lane_of(job.model, job.deadline - job.enqueued_at)
+        return self.config.lane_subject(lane)
 
     async def put(self, job: Job) -> asyncio.Future[JobResult]:
         if not self._link.opened:
@@ -181,7 +187,7 @@ class JetStreamSubmitter(Lifecycle):
         reconnects = self._link.reconnects
         try:
             await self._link.js.publish(
-                self.config.subject(job.model),
+                self._subject(job),
                 job.body,
                 timeout=bound,
                 headers=wire.encode_job(job, self.inbox),

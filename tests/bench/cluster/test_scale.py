@@ -32,6 +32,7 @@ from bench.cluster.scale_load import MANY_MODELS, build, cluster_rate, text_of
 from bench.cluster.scale_runs import Mode, rotated
 from bench.cluster.scale_search import Bisection, meets_target
 from bench.services.nats import NatsServer
+from embedder.queue.jetstream.config import JetStreamConfig
 
 
 def test_three_device_generations_by_share_spread_over_the_workers() -> None:
@@ -226,6 +227,14 @@ def test_the_bisection_halves_toward_the_highest_load_that_met() -> None:
     assert never.best is None and never.load < 0.2
     with pytest.raises(ValueError):
         Bisection(1.0, 0.5)
+
+
+def test_pull_gets_a_deadline_lane_per_latency_class() -> None:
+    bounds = traffic.lane_bounds_ms(1000.0)
+    assert bounds == [1414, 2828]  # between 1x, 2x and 4x the target
+    config = JetStreamConfig.model_validate({"nats_deadline_lanes_ms": bounds})
+    assert [config.lane_of("m", c.of_target).index for c in traffic.LATENCY_CLASSES] == [0, 1, 2]
+    assert parse_args([]).lanes == "deadline" and parse_args(["--lanes", "none"]).lanes == "none"
 
 
 def test_the_bisection_searches_the_bracket_asked_for() -> None:

@@ -49,6 +49,23 @@ _XX per UTF-8 byte. The worker's durable consumer of a model is workers-<token>.
 workers-{{ include "flotilla.subjectToken" . }}
 {{- end -}}
 
+{{/* A model's consumers, one per deadline lane (the most urgent first; the last is the
+model's own, as without lanes), comma-separated: as embedder.queue.jetstream.config names them. */}}
+{{- define "flotilla.laneConsumers" -}}
+{{- $own := include "flotilla.consumer" .model -}}
+{{- $out := list -}}
+{{- range $i := until (len .lanes) -}}{{- $out = append $out (printf "%s_d%d" $own $i) -}}{{- end -}}
+{{- join "," (append $out $own) -}}
+{{- end -}}
+
+{{/* A model's subjects, in the order of its consumers. */}}
+{{- define "flotilla.laneSubjects" -}}
+{{- $own := printf "%s.%s" .prefix (include "flotilla.subjectToken" .model) -}}
+{{- $out := list -}}
+{{- range $i := until (len .lanes) -}}{{- $out = append $out (printf "%s.d%d" $own $i) -}}{{- end -}}
+{{- join "," (append $out $own) -}}
+{{- end -}}
+
 {{/* The fleet file's text: fleet.content (text or a map), else the bundled fleet. */}}
 {{- define "flotilla.fleetText" -}}
 {{- if kindIs "map" .Values.fleet.content -}}
@@ -180,6 +197,9 @@ the ScaledObjects repeat); a user map setting one of those fails, naming the val
 {{- $env := dict "FLOTILLA_NATS" .Values.nats.url "FLOTILLA_NATS_STREAM" .Values.nats.stream "FLOTILLA_NATS_SUBJECT_PREFIX" .Values.nats.subjectPrefix -}}
 {{- if .Values.adapters.enabled -}}
 {{- $_ := set $env "FLOTILLA_ADAPTERS_DIR" "/adapters" -}}
+{{- end -}}
+{{- with .Values.nats.deadlineLanesMs -}}
+{{- $_ := set $env "FLOTILLA_NATS_DEADLINE_LANES_MS" (join "," .) -}}
 {{- end -}}
 {{- toJson $env -}}
 {{- end -}}

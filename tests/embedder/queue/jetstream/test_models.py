@@ -16,7 +16,7 @@ import pytest
 from bench.services.nats import NatsServer
 from embedder.core.jobs import JobResult
 from embedder.queue.jetstream import fetcher
-from embedder.queue.jetstream.config import JetStreamConfig
+from embedder.queue.jetstream.config import JetStreamConfig, Lane
 from embedder.queue.jetstream.puller import JetStreamPuller
 from embedder.queue.jetstream.streams import ensure_consumer
 from tests.embedder.queue.jetstream.test_queue import WAIT_S, config, job, queue, result
@@ -155,7 +155,7 @@ async def test_a_busy_worker_keeps_nothing_a_fetch_left_open_brings(
     async with queue(nats_server, config, workers=2) as (submitter, [busy, free]):
         nc = await nats.connect(nats_server.url)
         js = nc.jetstream()
-        durable = await ensure_consumer(js, config, "beta")
+        durable = await ensure_consumer(js, config, Lane("beta", 0))
         sub = await js.pull_subscribe_bind(durable=durable, stream=config.stream)
         await submitter.put(job("b", model="beta"))
         [fetched] = await sub.fetch(1, timeout=WAIT_S)  # held elsewhere: beta looks empty

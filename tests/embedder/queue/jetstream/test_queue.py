@@ -26,7 +26,7 @@ from embedder.core.errors import (
 )
 from embedder.core.jobs import ApiShape, Job, JobResult, ModelState, Timings
 from embedder.queue.jetstream import fetcher, wire
-from embedder.queue.jetstream.config import JetStreamConfig, subject_token
+from embedder.queue.jetstream.config import JetStreamConfig, Lane, subject_token
 from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
 from embedder.queue.jetstream.puller import JetStreamPuller
 from embedder.queue.jetstream.streams import ensure_consumer, ensure_streams, workers_bucket
@@ -256,7 +256,7 @@ async def test_a_job_nobody_answers_is_dead_lettered_and_its_client_told(
         # A worker that takes the job and dies, twice: fetched, never acked.
         nc = await nats.connect(nats_server.url)
         js = nc.jetstream()
-        durable = await ensure_consumer(js, config, "alpha")
+        durable = await ensure_consumer(js, config, Lane("alpha", 0))
         sub = await js.pull_subscribe_bind(durable=durable, stream=config.stream)
         for _ in range(2):
             [msg] = await sub.fetch(1, timeout=WAIT_S)
@@ -311,7 +311,9 @@ async def test_streams_consumers_and_bucket_are_created_idempotently(
     js = nc.jetstream()
     for _ in range(2):
         await ensure_streams(js, config)
-        assert await ensure_consumer(js, config, "org/model.v1") == config.consumer("org/model.v1")
+        assert await ensure_consumer(js, config, Lane("org/model.v1", 0)) == config.consumer(
+            "org/model.v1"
+        )
         await workers_bucket(js, config, 3.0)
     info = await js.stream_info(config.stream)
     assert str(info.config.retention) in ("workqueue", "RetentionPolicy.WORK_QUEUE")
