@@ -168,7 +168,7 @@ async def _next(
 
 def _past_deadline(job: Job) -> DeadlineExceeded:
     return DeadlineExceeded(
-        f"no answer within {job.deadline - job.enqueued_at:.1f} s: send a longer "
+        f"no answer within {job.budget_s:.1f} s: send a longer "
         "x-request-timeout-ms, or raise --request-timeout-s (FLOTILLA_REQUEST_TIMEOUT_S)"
     )
 

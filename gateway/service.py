@@ -187,7 +187,7 @@ class Gateway:
         if gone in done:
             raise ClientGone("the client closed the connection; the job was withdrawn")
         raise DeadlineExceeded(
-            f"no result within {job.deadline - job.enqueued_at:.1f} s: retry, send a longer "
+            f"no result within {job.budget_s:.1f} s: retry, send a longer "
             "x-request-timeout-ms, or raise --request-timeout-s (FLOTILLA_REQUEST_TIMEOUT_S)"
         )
 

@@ -121,6 +121,11 @@ class Job:
     # empty while tracing is off: the worker's spans of this job continue that trace.
     trace: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def budget_s(self) -> float:
+        """The time it was given to be answered in (its timeout), not what is left of it."""
+        return self.deadline - self.enqueued_at
+
     @classmethod
     def new(
         cls,

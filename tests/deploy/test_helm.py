@@ -319,7 +319,7 @@ async def test_keda_counts_on_each_trigger_the_requests_for_its_model(helm: Path
             await submitter.put(job)
             assert await puller.waiting(models) == {models[0]: 0, models[1]: 1}
             seen = [keda_lag(monitoring, t["metadata"]) for t in triggers]
-    lane = settings.jetstream.lane_of(job.model, job.deadline - job.enqueued_at)
+    lane = settings.jetstream.lane_of(job.model, job.budget_s)
     wanted = settings.jetstream.lane_consumer(lane)
     assert seen == [int(t["metadata"]["consumer"] == wanted) for t in triggers]
     assert sum(seen) == 1 and len(triggers) == 2 * len(settings.jetstream.lanes(models[0]))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo
 from prometheus_client import Counter as MetricCounter
 
 from embedder.queue.jetstream.config import JetStreamConfig, Lane
@@ -121,8 +122,7 @@ class Fetcher:
         most urgent, deepest lane's waiting requests; else the first of any lane's to
         come within ``timeout_s``."""
         started = time.monotonic()
-        lanes = [lane for model in models for lane in self.config.lanes(model)]
-        subs = {lane: await self._subscription(lane) for lane in lanes}
+        subs = {lane: await self._subscription(lane) for lane in self._lanes(models)}
         found: list[Msg] = []
         self._pulling = True
         try:
@@ -177,23 +177,13 @@ class Fetcher:
         made here, so that the count exists before any worker hosts the model. A lane the
         server does not answer for is not counted; a model with no lane counted is left
         out."""
-        js = self._link.js
-        lanes = [lane for model in models for lane in self.config.lanes(model)]
+        lanes = self._lanes(models)
         for lane in lanes:
             if lane not in self._counted and lane not in self._subs:
-                await ensure_consumer(js, self.config, lane)
+                await ensure_consumer(self._link.js, self.config, lane)
                 self._counted.add(lane)
-        infos = await asyncio.gather(
-            *(
-                js.consumer_info(
-                    self.config.stream, self.config.lane_consumer(lane), timeout=IDLE_FETCH_S
-                )
-                for lane in lanes
-            ),
-            return_exceptions=True,
-        )
         counts: dict[str, int] = {}
-        for lane, info in zip(lanes, infos, strict=True):
+        for lane, info in await self._consumer_infos(lanes):
             if isinstance(info, BaseException):
                 if missing(info):
                     self._counted.discard(lane)  # made again at the next look
@@ -218,8 +208,8 @@ class Fetcher:
         for later in self.config.lanes(lane.model)[lane.index + 1 :]:
             if len(found) >= batch or not found:
                 break
-            depth = self._depths.get(later)
-            if later in subs and later not in self._fetching and depth and depth.waiting:
+            depth = self._depths.get(later)  # subs holds every lane of a hosted model
+            if later not in self._fetching and depth and depth.waiting:
                 found += await self._fetch_one(
                     later, subs[later], batch - len(found), PENDING_WAIT_S
                 )
@@ -238,6 +228,21 @@ class Fetcher:
         """The consumers' counts of waiting requests, asked together (one round trip)."""
         if not lanes:
             return
+        infos = await self._consumer_infos(lanes)
+        now = time.monotonic()
+        for lane, info in infos:
+            if isinstance(info, BaseException):  # unknown: the wait on all reaches it
+                log.debug("the depth of %s is unknown: %r", lane, info)
+                self._depths.pop(lane, None)
+                if missing(info):
+                    self._link.renew()
+            else:
+                self._see(lane, info.num_pending or 0, now)
+
+    async def _consumer_infos(
+        self, lanes: list[Lane]
+    ) -> list[tuple[Lane, ConsumerInfo | BaseException]]:
+        """Each lane's consumer info, or the error asking for it raised; asked together."""
         infos = await asyncio.gather(
             *(
                 self._link.js.consumer_info(
@@ -247,15 +252,10 @@ class Fetcher:
             ),
             return_exceptions=True,
         )
-        now = time.monotonic()
-        for lane, info in zip(lanes, infos, strict=True):
-            if isinstance(info, BaseException):  # unknown: the wait on all reaches it
-                log.debug("the depth of %s is unknown: %r", lane, info)
-                self._depths.pop(lane, None)
-                if missing(info):
-                    self._link.renew()
-            else:
-                self._see(lane, info.num_pending or 0, now)
+        return list(zip(lanes, infos, strict=True))
+
+    def _lanes(self, models: Collection[str]) -> list[Lane]:
+        return [lane for model in models for lane in self.config.lanes(model)]
 
     def _see(self, lane: Lane, waiting: int, now: float, *, served: bool = False) -> None:
         old = self._depths.get(lane) or Depth(waiting, now)

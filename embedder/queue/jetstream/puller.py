@@ -284,7 +284,7 @@ class JetStreamPuller(Lifecycle):
             return None
         self._held[job.id] = _Held(msg, reply_to, job.deadline)
         if self._fetcher is not None:
-            lane = self.config.lane_of(job.model, job.deadline - job.enqueued_at)
+            lane = self.config.lane_of(job.model, job.budget_s)
             self._fetcher.saw_deadline(lane, job.deadline)
         return job
 

@@ -131,9 +131,9 @@ class JetStreamSubmitter(Lifecycle):
         )
 
     def _subject(self, job: Job) -> str:
-        """The job's lane of its model's queue, by the time it was given to be answered
-        in (not what is left of it: a job published again keeps its lane)."""
-        lane = self.config.lane_of(job.model, job.deadline - job.enqueued_at)
+        """The job's lane of its model's queue, by its whole budget (a job published again
+        keeps its lane)."""
+        lane = self.config.lane_of(job.model, job.budget_s)
         return self.config.lane_subject(lane)
 
     async def put(self, job: Job) -> asyncio.Future[JobResult]:
