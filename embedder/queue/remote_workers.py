@@ -20,6 +20,9 @@ class Sighting(Protocol):
     @property
     def hosts(self) -> frozenset[str]: ...  # the models it could load on demand
 
+    @property
+    def lanes_ms(self) -> tuple[int, ...]: ...  # the deadline lanes it pulls (their bounds)
+
 
 NO_HOST = "no live worker can host it: bigger than every memory budget, or it failed to load"
 SILENT_GRACE_S = 10.0  # longer than a clustered broker takes to elect a new leader
@@ -52,12 +55,27 @@ class RemoteWorkers:
         return None
 
     def live(self) -> dict[str, dict[str, dict[str, Any]]]:
-        """Workers heard from lately, with their models."""
+        """Workers heard from lately that serve this gateway's requests, with their models."""
         return {worker: seen.models for worker, seen in self._live().items()}
 
-    def _live(self) -> dict[str, Sighting]:
+    def unusable(self, seen: Sighting) -> str | None:
+        """Why this gateway's requests cannot reach a live worker (it reads other
+        subjects than this gateway sends to), else None: such a worker does not count."""
+        return None
+
+    def _heard(self) -> dict[str, Sighting]:
         now = self.clock()
         return {worker: seen for worker, seen in self._workers.items() if self._alive(seen, now)}
+
+    def _live(self) -> dict[str, Sighting]:
+        return {w: seen for w, seen in self._heard().items() if self.unusable(seen) is None}
+
+    def _unreachable(self, model: str) -> str | None:
+        """Why the live workers that serve ``model`` cannot take this gateway's requests."""
+        for seen in self._heard().values():
+            if model in seen.models and (why := self.unusable(seen)) is not None:
+                return why
+        return None
 
     @staticmethod
     def key_of(worker_id: str) -> str:
@@ -65,9 +83,10 @@ class RemoteWorkers:
         return worker_id
 
     def others(self, worker_id: str) -> list[dict[str, dict[str, Any]]]:
-        """The models of the live workers but ``worker_id``: a worker's view of its peers."""
+        """The models of the live workers but ``worker_id``: a worker's view of its peers
+        (whatever lanes they pull: placement counts every host)."""
         me = self.key_of(worker_id)
-        return [models for worker, models in self.live().items() if worker != me]
+        return [seen.models for worker, seen in self._heard().items() if worker != me]
 
     def placeable(self, model: str) -> int:
         """Live workers that could load ``model`` on demand and have not failed it."""
@@ -104,7 +123,7 @@ class RemoteWorkers:
             m[model] for m in self.live().values() if m.get(model, {}).get("state") == "ready"
         ]
         if not serving:
-            why = self.unheard()
+            why = self.unheard() or self._unreachable(model)
             if why is None and self.state(model) == "failed":
                 why = NO_HOST
             hosts = {"hosts": n} if (n := self.placeable(model)) else {}

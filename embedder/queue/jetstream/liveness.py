@@ -27,7 +27,7 @@ from embedder.queue.jetstream.config import JetStreamConfig
 from embedder.queue.jetstream.connection import UNREACHABLE, Connection, Sparse, missing
 from embedder.queue.jetstream.security import NatsSecurity
 from embedder.queue.jetstream.streams import workers_bucket
-from embedder.queue.remote_workers import RemoteWorkers
+from embedder.queue.remote_workers import RemoteWorkers, Sighting
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class WorkerLiveness(Lifecycle):
                 for name in self.models
             },
             "hosts": sorted(self.hosts()),
+            "deadline_lanes_ms": list(self.config.deadline_lanes_ms),
         }
 
     async def announce(self) -> None:
@@ -145,6 +146,7 @@ class _Seen:
     expires: float  # on this gateway's clock: no clock is shared across machines
     models: dict[str, dict[str, Any]]
     hosts: frozenset[str] = frozenset()  # the models it could load on demand
+    lanes_ms: tuple[int, ...] = ()  # the bounds of the deadline lanes it pulls
 
 
 class FleetLiveness(RemoteWorkers, Lifecycle):
@@ -189,6 +191,20 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
     @staticmethod
     def key_of(worker_id: str) -> str:
         return _key(worker_id)
+
+    def unusable(self, seen: Sighting) -> str | None:
+        """A worker reads its lanes' subjects and the model's own (its last lane): it takes
+        this gateway's requests only if it pulls at least as many lanes. Other bounds on as
+        many lanes only sort requests differently, so they are served."""
+        ours = self.config.deadline_lanes_ms
+        if len(seen.lanes_ms) >= len(ours):
+            return None
+        return (
+            f"the live workers that serve it pull {len(seen.lanes_ms)} deadline lane(s) "
+            f"{list(seen.lanes_ms)} ms, fewer than this gateway's {len(ours)} {list(ours)} ms: "
+            "its urgent requests would wait where no worker reads; give gateways and "
+            "workers the same --nats-deadline-lanes-ms (FLOTILLA_NATS_DEADLINE_LANES_MS)"
+        )
 
     def unheard(self) -> str | None:
         if not self._link.connected:
@@ -266,8 +282,9 @@ class FleetLiveness(RemoteWorkers, Lifecycle):
             expires = self.clock() + MISSED_BEATS * float(beat["interval_s"])
             models = {str(k): dict(v) for k, v in dict(beat["models"]).items()}
             hosts = frozenset(map(str, beat.get("hosts", ())))
+            lanes = tuple(map(int, beat.get("deadline_lanes_ms", ())))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("unreadable liveness entry %r: %s", entry.value[:200], exc)
             return
-        self._workers[entry.key] = _Seen(expires, models, hosts)
+        self._workers[entry.key] = _Seen(expires, models, hosts, lanes)
         self._heard_after = self._link.reconnects

@@ -17,6 +17,7 @@ class Seen:
     expires: float
     models: dict[str, dict[str, Any]] = field(default_factory=lambda: {"alpha": {"state": "ready"}})
     hosts: frozenset[str] = frozenset()
+    lanes_ms: tuple[int, ...] = ()
 
 
 class View(RemoteWorkers):

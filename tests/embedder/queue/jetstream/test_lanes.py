@@ -1,7 +1,8 @@
 """Deadline lanes on the real nats-server: each request goes to the lane of its time
 budget, a worker takes the urgent lanes' requests before a backlog of requests that
-can wait (topping its batch up from the model's next lanes), and the count a worker's
-placement reads covers every lane."""
+can wait (topping its batch up from the model's next lanes), the count a worker's
+placement reads covers every lane, and a gateway does not count on workers that pull
+fewer lanes than it sends to."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import pytest
 
 from bench.services.nats import NatsServer
 from embedder.queue.jetstream.config import JetStreamConfig
-from tests.embedder.queue.jetstream.test_queue import job, queue, queue_config, result
+from embedder.queue.jetstream.liveness import FleetLiveness, WorkerLiveness
+from tests.distributed.helpers import eventually
+from tests.embedder.queue.jetstream.test_queue import (
+    States,
+    job,
+    queue,
+    queue_config,
+    result,
+)
 
 pytestmark = pytest.mark.slow  # a real server
 
@@ -41,10 +50,47 @@ async def test_urgent_requests_pass_a_backlog_that_can_wait(
             await puller.complete(j.id, result(j.id))
         async with asyncio.timeout(WAIT_S):
             assert [(await a).body.decode() for a in answers][-3:] == ["s", "u0", "u1"]
-        assert await puller.waiting(["alpha"]) == {"alpha": 0}
+
+        async def answered() -> bool:  # an ack is not confirmed: the count follows it soon
+            return await puller.waiting(["alpha"]) == {"alpha": 0}
+
+        await eventually(answered, "every request acknowledged", WAIT_S)
 
 
 def test_lane_bounds_must_rise_and_be_positive() -> None:
     for wrong in ("8000,2000", "0,2000", "2000,2000", "soon"):
         with pytest.raises(ValueError, match="deadline_lanes_ms"):
             JetStreamConfig.model_validate({"nats_deadline_lanes_ms": wrong})
+
+
+async def test_a_gateway_counts_only_workers_that_read_every_lane_it_sends_to(
+    nats_server: NatsServer,
+) -> None:
+    gateway = queue_config(deadline_lanes_ms=(2000, 8000))
+    fewer = WorkerLiveness(
+        url=nats_server.url, worker_id="w-one-lane", models=["alpha"], states=States(),
+        config=gateway.model_copy(update={"deadline_lanes_ms": (5000,)}), interval_s=0.2,
+    )  # fmt: skip
+    async with FleetLiveness(url=nats_server.url, config=gateway) as fleet, fewer:
+
+        def reason() -> str:
+            return str(fleet.describe("alpha").get("reason"))
+
+        await eventually(lambda: "deadline lane" in reason(), "the worker heard", WAIT_S)
+        assert fleet.state("alpha") == "loading"  # its 503 says why, and what to set
+        why = reason()
+        assert "pull 1 deadline lane(s) [5000] ms, fewer than this gateway's 2" in why
+        assert "--nats-deadline-lanes-ms" in why
+        # A gateway with fewer lanes sends only to subjects the worker reads.
+        one = gateway.model_copy(update={"deadline_lanes_ms": ()})
+        async with FleetLiveness(url=nats_server.url, config=one) as plain:
+            await eventually(lambda: plain.state("alpha") == "ready", "served", WAIT_S)
+        # As many lanes with other bounds only sort requests differently: served.
+        other = WorkerLiveness(
+            url=nats_server.url, worker_id="w-two-lanes", models=["alpha"], states=States(),
+            config=gateway.model_copy(update={"deadline_lanes_ms": (1000, 4000)}),
+            interval_s=0.2,
+        )  # fmt: skip
+        async with other:
+            await eventually(lambda: fleet.state("alpha") == "ready", "served", WAIT_S)
+            assert fleet.describe("alpha")["workers"] == 1
