@@ -1,15 +1,22 @@
 """How long-running commands stop: SIGINT/SIGTERM set an event that the command
-awaits, so it can finish the work in hand and commit before it exits."""
+awaits, so it can finish the work in hand and commit before it exits. SIGUSR1 logs what
+each task and thread is doing, for a process that seems stuck (``kill -USR1 PID``)."""
 
 from __future__ import annotations
 
 import asyncio
+import faulthandler
+import io
+import logging
 import signal
 import sys
 from collections.abc import Awaitable
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+DUMP_SIGNAL = signal.SIGUSR1
 
 
 def exit_cleanly_until_running() -> None:
@@ -20,12 +27,25 @@ def exit_cleanly_until_running() -> None:
 
 
 def stop_event() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM, for the running loop."""
+    """An event set by SIGINT or SIGTERM, for the running loop; SIGUSR1 then dumps."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(DUMP_SIGNAL, dump_stacks)
     return stop
+
+
+def dump_stacks() -> None:
+    """Log where every task of the running loop waits, then write every thread's stack to
+    stderr: what a process that does not stop, or does not answer, is waiting for."""
+    tasks = asyncio.all_tasks()
+    text = io.StringIO()
+    for task in sorted(tasks, key=lambda t: t.get_name()):
+        task.print_stack(limit=12, file=text)
+    log.warning("%d tasks, on %s:\n%s", len(tasks), DUMP_SIGNAL.name, text.getvalue())
+    if sys.__stderr__ is not None:
+        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
 
 
 async def stopped_first(working: asyncio.Future[Any], stop: asyncio.Event) -> bool:

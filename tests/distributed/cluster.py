@@ -70,13 +70,15 @@ class Process:
             try:
                 return self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGUSR1)  # where it waits, into its log
+                time.sleep(1.0)
                 self.proc.kill()
                 self.proc.wait()
                 return -1
         return self.proc.returncode
 
     def tail(self) -> str:
-        return f"--- {self.log.name}\n{self.log.read_text(errors='replace')[-3000:]}"
+        return f"--- {self.log.name}\n{self.log.read_text(errors='replace')[-6000:]}"
 
 
 @contextlib.contextmanager
