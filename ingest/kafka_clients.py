@@ -12,6 +12,7 @@ it was, for the caller's retries.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +32,7 @@ from ingest.kafka_security import KafkaSecurity
 
 PROBE_TIMEOUT_MS = 10_000
 TLS_ALERT_WAIT_S = 2.0  # a broker that took the handshake waits for a request: no alert
+CLOSE_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,7 @@ class KafkaClients:
                     refused.__cause__ = refused.__cause__ or exc
                     return refused
             else:
-                conn.close()
+                await _closed(conn.close())
         return None
 
     async def _tls_refusal(self, host: str, port: int) -> LinkRefused | None:
@@ -109,6 +111,7 @@ class KafkaClients:
         finally:
             if writer is not None:
                 writer.close()
+                await _closed(writer.wait_closed())
         return None
 
     def _classify(self, exc: Exception, broker: str) -> LinkRefused | None:
@@ -127,3 +130,11 @@ class KafkaClients:
                 f"it offers with {security.named('sasl_mechanism')}"
             )
         return security.tls_files().refusal(exc, broker)
+
+
+async def _closed(closing: Awaitable[None]) -> None:
+    """Wait for a probe's connection to close: a TLS close waits for the broker's answer,
+    and a connection left closing when its loop ends is never closed."""
+    with contextlib.suppress(OSError, TimeoutError):
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await closing
