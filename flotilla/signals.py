@@ -1,15 +1,16 @@
 """How long-running commands stop: SIGINT/SIGTERM set an event that the command
-awaits, so it can finish the work in hand and commit before it exits. SIGUSR1 logs what
-each task and thread is doing, for a process that seems stuck (``kill -USR1 PID``)."""
+awaits, so it can finish the work in hand and commit before it exits. SIGUSR1 logs where
+each task and thread waits, for a process that seems stuck (``kill -USR1 PID``)."""
 
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import io
 import logging
 import signal
 import sys
+import threading
+import traceback
 from collections.abc import Awaitable
 from typing import Any
 
@@ -37,15 +38,18 @@ def stop_event() -> asyncio.Event:
 
 
 def dump_stacks() -> None:
-    """Log where every task of the running loop waits, then write every thread's stack to
-    stderr: what a process that does not stop, or does not answer, is waiting for."""
+    """Log where every task of the running loop waits and every thread's stack: what a
+    process that does not stop, or does not answer, is waiting for. Not ``faulthandler``,
+    which reads other threads' states unlocked: a thread ending meanwhile can crash it."""
     tasks = asyncio.all_tasks()
     text = io.StringIO()
     for task in sorted(tasks, key=lambda t: t.get_name()):
         task.print_stack(limit=12, file=text)
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        text.write(f"Thread {names.get(ident, ident)} (most recent call last):\n")
+        text.writelines(traceback.format_stack(frame, limit=12))
     log.warning("%d tasks, on %s:\n%s", len(tasks), DUMP_SIGNAL.name, text.getvalue())
-    if sys.__stderr__ is not None:
-        faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
 
 
 async def stopped_first(working: asyncio.Future[Any], stop: asyncio.Event) -> bool:
